@@ -1,0 +1,121 @@
+"""``SchedulerStore``: the public facade, composed of one mixin per capability."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+from sqlalchemy import Connection, select
+
+from scheduler.contract.errors import invalid_argument
+from scheduler.schema import tables as t
+from scheduler.store.adjudication import AdjudicationOperations
+from scheduler.store.authority import AuthorityOperations
+from scheduler.store.history import HistoryOperations
+from scheduler.store.jobs import JobOperations
+from scheduler.store.leases import LeaseOperations
+from scheduler.store.migrations import DomainMigrationOperations
+from scheduler.store.occurrences import OccurrenceOperations
+from scheduler.store.records import MigrationRecord, SchemaInfo
+from scheduler.store.runtime_control import RuntimeControlOperations
+from scheduler.store.session import Clock, NestedRunner, OwnedRunner, Runner, Tx
+
+
+def _schema_info(tx: Tx) -> SchemaInfo:
+    application_id = int(tx.conn.exec_driver_sql("PRAGMA application_id").scalar_one())
+    schema_version = int(tx.conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+    row = tx.first(select(t.migrations).order_by(t.migrations.c.version.desc()).limit(1))
+    migration = (
+        None
+        if row is None
+        else MigrationRecord(
+            version=row.version, name=row.name, checksum=row.checksum, applied_at=row.applied_at
+        )
+    )
+    return SchemaInfo(application_id=application_id, schema_version=schema_version, migration=migration)
+
+
+class SchedulerStore(
+    JobOperations,
+    OccurrenceOperations,
+    LeaseOperations,
+    HistoryOperations,
+    AuthorityOperations,
+    AdjudicationOperations,
+    RuntimeControlOperations,
+    DomainMigrationOperations,
+):
+    """A durable job scheduler store over one SQLAlchemy connection.
+
+    Open one with :func:`scheduler.open_store`; bind one to a caller-owned transaction with
+    :meth:`on_connection`. Every write method is one atomic write transaction.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        clock: Clock,
+        uuid_factory: Callable[[], str],
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self._init_base(runner, clock, uuid_factory, on_close)
+
+    @classmethod
+    def on_connection(
+        cls,
+        connection: Connection,
+        *,
+        clock: Clock | None = None,
+        uuid_factory: Callable[[], str] | None = None,
+    ) -> SchedulerStore:
+        """A store bound to a caller-owned ``Connection`` inside the caller's transaction.
+
+        It never commits or rolls back the caller's transaction; each operation runs in a
+        SAVEPOINT, so a failed call leaves no partial write (transactional outbox pattern).
+        The database must already be at schema v6 (open it once with ``open_store``).
+        """
+        from scheduler.store.opening import default_uuid, wall_clock
+
+        if not isinstance(connection, Connection):
+            raise invalid_argument("connection must be a sqlalchemy.Connection")
+        if clock is not None and not callable(clock):
+            raise invalid_argument("clock must be a function")
+        chosen_clock = clock or wall_clock
+        chosen_uuid = uuid_factory or default_uuid
+        runner = NestedRunner(connection, chosen_clock, chosen_uuid)
+        return cls(runner, clock=chosen_clock, uuid_factory=chosen_uuid)
+
+    @contextmanager
+    def transaction(self) -> Iterator[SchedulerStore]:
+        """A store view whose calls all commit (on normal exit) or roll back together."""
+        self._assert_open()
+        runner = self._runner
+        if isinstance(runner, OwnedRunner):
+            with runner.outer_transaction() as nested:
+                yield type(self)(nested, clock=self._clock, uuid_factory=self._uuid_factory)
+        else:
+            yield self
+
+    def schema_info(self) -> SchemaInfo:
+        """Application id, schema version and the newest ``migrations`` row."""
+        return self._read(_schema_info)
+
+    def __enter__(self) -> SchedulerStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<SchedulerStore {state}>"
+
+
+__all__ = ["SchedulerStore"]

@@ -1,0 +1,72 @@
+"""Owner-only files and directories for a SQLite database (seed: secure-fs helpers)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from scheduler.contract.errors import SchedulerKernelError
+
+STORAGE_INSECURE = "SCHEDULER_STORAGE_INSECURE"
+SIDECAR_SUFFIXES = ("", "-journal", "-wal", "-shm")
+
+
+def insecure(message: str, path: Path) -> SchedulerKernelError:
+    return SchedulerKernelError(STORAGE_INSECURE, message, {"path": str(path)})
+
+
+def storage_files(target: Path) -> list[Path]:
+    """The database file and the sidecars SQLite may create beside it."""
+    return [Path(f"{target}{suffix}") for suffix in SIDECAR_SUFFIXES]
+
+
+def ensure_private_directory(directory: Path) -> None:
+    """Create ``directory`` owner-only (0700) or check that an existing one is safe to use.
+
+    An existing directory must be owned by the current user and not writable by others;
+    a symbolic link in the last component is refused.
+    """
+    if not directory.exists() and not directory.is_symlink():
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+        return
+    info = os.lstat(directory)
+    if stat.S_ISLNK(info.st_mode):
+        raise insecure("Scheduler database directory must not be a symbolic link", directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise insecure("Scheduler database directory is not a directory", directory)
+    if info.st_uid != os.geteuid():
+        raise insecure("Scheduler database directory is owned by another user", directory)
+    if info.st_mode & 0o002:
+        raise insecure("Scheduler database directory is writable by other users", directory)
+
+
+def ensure_private_file(path: Path) -> None:
+    """Refuse a symlink or another user's file; make an existing file owner-only (0600)."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise insecure("Scheduler database file must not be a symbolic link", path)
+    if not stat.S_ISREG(info.st_mode):
+        raise insecure("Scheduler database path is not a regular file", path)
+    if info.st_uid != os.geteuid():
+        raise insecure("Scheduler database file is owned by another user", path)
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o600)
+
+
+def secure_existing_files(target: Path) -> None:
+    for candidate in storage_files(target):
+        if os.path.lexists(candidate):
+            ensure_private_file(candidate)
+
+
+def create_private_file(target: Path) -> None:
+    """Create an empty database file with mode 0600 so SQLite never makes it world-readable."""
+    try:
+        descriptor = os.open(
+            target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
+    except FileExistsError:
+        return
+    os.close(descriptor)

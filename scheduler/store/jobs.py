@@ -1,0 +1,168 @@
+"""Jobs: create, read, and update with revision compare-and-set (seed: createJob/getJob/updateJob)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from scheduler.contract.authority import normalize_authority_envelope
+from scheduler.contract.canonical import canonical_json, normalize_json
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.contract.jobs import normalize_job_definition
+from scheduler.contract.scalars import (
+    assert_positive_safe_int,
+    normalize_boolean,
+    normalize_identifier,
+    normalize_max_attempts,
+)
+from scheduler.schema import tables as t
+from scheduler.store.base import StoreBase
+from scheduler.store.records import Job
+from scheduler.store.rows import map_job
+from scheduler.store.session import Tx
+
+_OMITTED: Any = object()
+PATCH_FIELDS = ("kind", "trigger", "payload", "authority", "enabled", "maxAttempts")
+
+
+def not_found(kind: str, identifier: str) -> SchedulerKernelError:
+    return SchedulerKernelError("SCHEDULER_NOT_FOUND", f"Scheduler {kind} does not exist: {identifier}")
+
+
+def load_job(tx: Tx, job_id: str) -> Job | None:
+    return map_job(tx.first(select(t.jobs).where(t.jobs.c.job_id == job_id)))
+
+
+def _job_values(job: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": job["kind"],
+        "trigger_json": canonical_json(job["trigger"], "job.trigger"),
+        "payload_json": canonical_json(job["payload"], "job.payload"),
+        "authority_json": canonical_json(job["authority"], "job.authority"),
+        "enabled": 1 if job["enabled"] else 0,
+        "max_attempts": job["maxAttempts"],
+    }
+
+
+def create_job_in(tx: Tx, job: dict[str, Any]) -> Job:
+    """Insert a normalized wire-format job at revision 1 and record ``job_created``."""
+    if tx.first(select(t.jobs.c.job_id).where(t.jobs.c.job_id == job["id"])) is not None:
+        raise SchedulerKernelError("SCHEDULER_CONFLICT", f"Scheduler job already exists: {job['id']}")
+    tx.execute(
+        insert(t.jobs).values(
+            job_id=job["id"], revision=1, created_at=tx.now, updated_at=tx.now, **_job_values(job)
+        )
+    )
+    tx.append_event(job_id=job["id"], type="job_created", data={"revision": 1})
+    created = load_job(tx, job["id"])
+    assert created is not None
+    return created
+
+
+def update_job_in(tx: Tx, job_id: str, expected_revision: int, patch: dict[str, Any]) -> Job:
+    """Apply a normalized patch if the job is still at ``expected_revision``; record ``job_updated``."""
+    current = load_job(tx, job_id)
+    if current is None:
+        raise not_found("job", job_id)
+    if current.revision != expected_revision:
+        raise SchedulerKernelError(
+            "SCHEDULER_REVISION_CONFLICT",
+            f"Scheduler job revision changed: {job_id}",
+            {"expectedRevision": expected_revision, "actualRevision": current.revision},
+        )
+    merged = {**current.definition(), **patch}
+    next_revision = current.revision + 1
+    changed = tx.changes(
+        update(t.jobs)
+        .where(t.jobs.c.job_id == job_id, t.jobs.c.revision == expected_revision)
+        .values(revision=next_revision, updated_at=tx.now, **_job_values(merged))
+    )
+    if changed != 1:
+        raise SchedulerKernelError(
+            "SCHEDULER_REVISION_CONFLICT", f"Scheduler job revision changed during update: {job_id}"
+        )
+    tx.append_event(
+        job_id=job_id,
+        type="job_updated",
+        data={"fromRevision": expected_revision, "toRevision": next_revision, "changedFields": sorted(patch)},
+    )
+    updated = load_job(tx, job_id)
+    assert updated is not None
+    return updated
+
+
+def normalize_job_patch(fields: dict[str, Any]) -> dict[str, Any]:
+    """Validate a wire-format patch (seed: normalizeJobPatch); omitted fields are absent."""
+    if not fields:
+        raise invalid_argument("job patch must not be empty")
+    normalizers: dict[str, Callable[[Any], Any]] = {
+        "kind": lambda v: normalize_identifier(v, "job.kind", 128),
+        "trigger": lambda v: normalize_json(v, "job.trigger"),
+        "payload": lambda v: normalize_json(v, "job.payload"),
+        "authority": normalize_authority_envelope,
+        "enabled": lambda v: normalize_boolean(v, "job.enabled"),
+        "maxAttempts": normalize_max_attempts,
+    }
+    return {key: normalizers[key](value) for key, value in fields.items()}
+
+
+class JobOperations(StoreBase):
+    """Public job methods of ``SchedulerStore``."""
+
+    def create_job(
+        self,
+        *,
+        id: str,
+        kind: str,
+        authority: Any,
+        trigger: Any = None,
+        payload: Any = None,
+        enabled: bool = True,
+        max_attempts: int = 3,
+    ) -> Job:
+        """Create a job at revision 1 (``SCHEDULER_CONFLICT`` if the id exists)."""
+        job = normalize_job_definition(
+            {
+                "id": id,
+                "kind": kind,
+                "trigger": trigger,
+                "payload": payload,
+                "authority": authority,
+                "enabled": enabled,
+                "maxAttempts": max_attempts,
+            }
+        )
+        return self._write(lambda tx: create_job_in(tx, job))
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job, or ``None``."""
+        identifier = normalize_identifier(job_id, "jobId")
+        return self._read(lambda tx: load_job(tx, identifier))
+
+    def update_job(
+        self,
+        job_id: str,
+        expected_revision: int,
+        *,
+        kind: Any = _OMITTED,
+        trigger: Any = _OMITTED,
+        payload: Any = _OMITTED,
+        authority: Any = _OMITTED,
+        enabled: Any = _OMITTED,
+        max_attempts: Any = _OMITTED,
+    ) -> Job:
+        """Change the given fields if the job is at ``expected_revision`` (compare-and-set)."""
+        identifier = normalize_identifier(job_id, "jobId")
+        revision = assert_positive_safe_int(expected_revision, "expectedRevision")
+        given = {
+            "kind": kind,
+            "trigger": trigger,
+            "payload": payload,
+            "authority": authority,
+            "enabled": enabled,
+            "maxAttempts": max_attempts,
+        }
+        patch = normalize_job_patch({key: value for key, value in given.items() if value is not _OMITTED})
+        return self._write(lambda tx: update_job_in(tx, identifier, revision, patch))
