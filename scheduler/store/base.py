@@ -58,8 +58,7 @@ class StoreBase:
     @property
     def connection(self) -> Connection:
         """The SQLAlchemy connection operations run on (for inspection, not for writes)."""
-        conn: Any = self._runner.conn
-        return conn
+        return self._runner.conn
 
     @property
     def closed(self) -> bool:
