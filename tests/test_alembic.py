@@ -1,0 +1,269 @@
+"""Alembic revisions v1..v6 give the same database as the original's upgrade, and leave no trace.
+
+Each reference database (a copy) is upgraded with ``alembic upgrade head`` and its dump must
+equal the recorded ``vN.upgraded.json`` exactly; the catalog must stay canonical (no
+``alembic_version`` table), ``alembic current`` reports the revision matching
+``PRAGMA user_version``, downgrades and drifted databases are refused without a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from alembic.util import CommandError
+
+from scheduler.schema import SCHEDULER_APPLICATION_ID, SCHEMA_FINGERPRINTS, SCHEMA_V6_FINGERPRINT
+
+REPO = Path(__file__).resolve().parents[1]
+ALEMBIC_INI = REPO / "alembic.ini"
+FIXTURES = REPO.parent / "shared" / "fixtures"
+REFERENCE_DBS = FIXTURES / "reference-dbs"
+UPGRADE_NOW = 1767312000000
+T0 = 1767225600000
+
+needs_fixtures = pytest.mark.skipif(
+    not REFERENCE_DBS.is_dir(), reason=f"reference databases not found at {REFERENCE_DBS}"
+)
+
+
+def _dbdump() -> Any:
+    sys.path.insert(0, str(FIXTURES.parent / "tools"))
+    import dbdump
+
+    return dbdump
+
+
+def alembic_config(*x: str, stdout: io.StringIO | None = None) -> Config:
+    """The repository's alembic.ini with ``-x`` arguments, as the command line would build it."""
+    config = Config(str(ALEMBIC_INI), stdout=stdout or io.StringIO())
+    config.cmd_opts = argparse.Namespace(x=list(x))
+    config.attributes["configure_logger"] = False
+    return config
+
+
+def upgrade(path: Path, revision: str = "head", now: int = UPGRADE_NOW) -> None:
+    command.upgrade(alembic_config(f"url=sqlite:///{path}", f"now={now}"), revision)
+
+
+def current(path: Path) -> str:
+    out = io.StringIO()
+    command.current(alembic_config(f"url=sqlite:///{path}", stdout=out))
+    return out.getvalue().strip()
+
+
+def pragma(path: Path, name: str) -> int:
+    con = sqlite3.connect(path)
+    try:
+        return int(con.execute(f"PRAGMA {name}").fetchone()[0])
+    finally:
+        con.close()
+
+
+def catalog_names(path: Path) -> list[str]:
+    con = sqlite3.connect(path)
+    try:
+        return [r[0] for r in con.execute("SELECT name FROM sqlite_master ORDER BY name")]
+    finally:
+        con.close()
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def reference_copy(tmp_path: Path, version: int) -> Path:
+    target = tmp_path / f"v{version}.sqlite"
+    shutil.copyfile(REFERENCE_DBS / f"v{version}.sqlite", target)
+    return target
+
+
+@needs_fixtures
+@pytest.mark.parametrize("version", range(1, 7))
+def test_upgrade_head_reproduces_the_recorded_upgrade(tmp_path: Path, version: int) -> None:
+    dbdump = _dbdump()
+    path = reference_copy(tmp_path, version)
+    assert current(path) == f"v{version}" + (" (head)" if version == 6 else "")
+    upgrade(path)
+    expected = json.loads((REFERENCE_DBS / f"v{version}.upgraded.json").read_text(encoding="utf-8"))
+    assert dbdump.diff(expected, dbdump.dump(path)) == []
+    assert not [name for name in catalog_names(path) if name.startswith("alembic")]
+    assert current(path) == "v6 (head)"
+
+
+def test_empty_database_becomes_v6(tmp_path: Path) -> None:
+    dbdump = _dbdump()
+    path = tmp_path / "empty.sqlite"
+    assert current(path) == ""
+    upgrade(path, now=T0)
+    dumped = dbdump.dump(path)
+    assert dumped["fingerprint"] == SCHEMA_V6_FINGERPRINT
+    assert (dumped["user_version"], dumped["application_id"]) == (6, SCHEDULER_APPLICATION_ID)
+    assert [(r["version"], r["applied_at"]) for r in dumped["tables"]["migrations"]] == [
+        (v, T0) for v in range(1, 7)
+    ]
+    assert "alembic_version" not in catalog_names(path)
+    assert current(path) == "v6 (head)"
+    upgrade(path)  # already at head: nothing changes
+    assert dbdump.diff(dumped, dbdump.dump(path)) == []
+
+
+def test_each_revision_leaves_a_valid_database_of_its_version(tmp_path: Path) -> None:
+    dbdump = _dbdump()
+    path = tmp_path / "stepwise.sqlite"
+    for version in range(1, 7):
+        upgrade(path, f"v{version}", now=T0 + version)
+        dumped = dbdump.dump(path)
+        assert dumped["user_version"] == version
+        assert dumped["fingerprint"] == SCHEMA_FINGERPRINTS[version]
+        assert current(path) == f"v{version}" + (" (head)" if version == 6 else "")
+    applied = [r["applied_at"] for r in dbdump.dump(path)["tables"]["migrations"]]
+    assert applied == [T0 + v for v in range(1, 7)]
+
+
+def test_alembic_check_finds_no_difference_between_metadata_and_database(tmp_path: Path) -> None:
+    path = tmp_path / "check.sqlite"
+    upgrade(path)
+    command.check(alembic_config(f"url=sqlite:///{path}"))  # raises if autogenerate sees a diff
+    assert "alembic_version" not in catalog_names(path)
+
+
+def test_relative_upgrade_runs_one_step(tmp_path: Path) -> None:
+    path = tmp_path / "relative.sqlite"
+    upgrade(path, "v2")
+    upgrade(path, "+1")
+    assert pragma(path, "user_version") == 3
+    assert current(path) == "v3"
+
+
+@pytest.mark.parametrize("target", ["v5", "base", "-1"])
+def test_downgrade_is_refused_and_changes_nothing(tmp_path: Path, target: str) -> None:
+    path = tmp_path / "db.sqlite"
+    upgrade(path)
+    before = digest(path)
+    with pytest.raises(CommandError, match="forward-only"):
+        command.downgrade(alembic_config(f"url=sqlite:///{path}"), target)
+    assert digest(path) == before
+    assert current(path) == "v6 (head)"
+
+
+@needs_fixtures
+def test_drifted_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = reference_copy(tmp_path, 2)
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("CREATE VIEW extra AS SELECT 1")
+    con.close()
+    before = digest(path)
+    with pytest.raises(CommandError, match="SCHEDULER_SCHEMA_CORRUPT") as caught:
+        upgrade(path)
+    assert getattr(caught.value.__cause__, "code", None) == "SCHEDULER_SCHEMA_CORRUPT"
+    assert digest(path) == before
+    with pytest.raises(CommandError, match="SCHEDULER_SCHEMA_CORRUPT"):
+        current(path)
+
+
+def test_foreign_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.sqlite"
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.close()
+    before = digest(path)
+    with pytest.raises(CommandError, match="SCHEDULER_SCHEMA_UNKNOWN"):
+        upgrade(path)
+    assert digest(path) == before
+
+
+@needs_fixtures
+def test_failed_backfill_rolls_back_every_revision(tmp_path: Path) -> None:
+    dbdump = _dbdump()
+    path = reference_copy(tmp_path, 1)
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("UPDATE jobs SET authority_json = '{}' WHERE rowid = 1")
+    con.close()
+    before = dbdump.dump(path)
+    with pytest.raises(CommandError, match="SCHEDULER_DATA_CORRUPT"):
+        upgrade(path)
+    assert dbdump.diff(before, dbdump.dump(path)) == []
+    assert current(path) == "v1"
+
+
+@pytest.mark.parametrize("now", ["-1", "1.5", "abc", "1_000", "+5", "", str(2**53)])
+def test_invalid_now_is_refused(tmp_path: Path, now: str) -> None:
+    with pytest.raises(CommandError, match="-x now"):
+        command.upgrade(alembic_config(f"url=sqlite:///{tmp_path / 'x.sqlite'}", f"now={now}"), "head")
+
+
+def test_url_from_environment_and_from_ini(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from_env = tmp_path / "env.sqlite"
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"sqlite:///{from_env}")
+    command.upgrade(alembic_config(f"now={T0}"), "v1")
+    assert pragma(from_env, "user_version") == 1
+    monkeypatch.delenv("SCHEDULER_DATABASE_URL")
+    from_ini = tmp_path / "ini.sqlite"
+    config = alembic_config(f"now={T0}")
+    config.set_main_option("sqlalchemy.url", f"sqlite:///{from_ini}")
+    command.upgrade(config, "head")
+    assert pragma(from_ini, "user_version") == 6
+    plain_path = tmp_path / "plain.sqlite"
+    command.upgrade(alembic_config(f"url={plain_path}", f"now={T0}"), "head")
+    assert pragma(plain_path, "user_version") == 6
+
+
+def test_offline_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="Offline"):
+        command.upgrade(alembic_config(f"url=sqlite:///{tmp_path / 'x.sqlite'}"), "head", sql=True)
+
+
+def test_non_sqlite_url_is_refused() -> None:
+    with pytest.raises(CommandError, match="SQLite only"):
+        command.upgrade(alembic_config("url=postgresql://user@localhost/db"), "head")
+
+
+def test_history_has_one_forward_chain() -> None:
+    out = io.StringIO()
+    command.history(alembic_config(stdout=out))
+    edges = [line.split(",")[0].split(" (")[0] for line in out.getvalue().splitlines()]
+    assert edges == ["v5 -> v6", "v4 -> v5", "v3 -> v4", "v2 -> v3", "v1 -> v2", "<base> -> v1"]
+    heads = io.StringIO()
+    command.heads(alembic_config(stdout=heads))
+    assert heads.getvalue().split() == ["v6", "(scheduler)", "(head)"]
+
+
+@needs_fixtures
+def test_command_line(tmp_path: Path) -> None:
+    """The real CLI, from another working directory: ``alembic -c alembic.ini -x ... upgrade head``."""
+    dbdump = _dbdump()
+    path = reference_copy(tmp_path, 3)
+    env = {k: v for k, v in os.environ.items() if k != "SCHEDULER_DATABASE_URL"}
+    base = [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), "-x", f"url=sqlite:///{path}"]
+    run = subprocess.run(
+        [*base, "-x", f"now={UPGRADE_NOW}", "upgrade", "head"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    expected = json.loads((REFERENCE_DBS / "v3.upgraded.json").read_text(encoding="utf-8"))
+    assert dbdump.diff(expected, dbdump.dump(path)) == []
+    shown = subprocess.run(
+        [*base, "current"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.strip() == "v6 (head)"
+    refused = subprocess.run(
+        [*base, "downgrade", "v5"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0 and "forward-only" in refused.stderr
