@@ -258,3 +258,14 @@ def test_default_path_honours_scheduler_home(tmp_path: Path, monkeypatch: pytest
     monkeypatch.delenv("SCHEDULER_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     assert default_database_path() == (tmp_path / "user" / ".scheduler" / "kernel-v1.sqlite").resolve()
+
+
+def test_symlinked_database_directory_is_insecure(tmp_path: Path) -> None:
+    real = tmp_path / "real-dir"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link-dir"
+    link.symlink_to(real, target_is_directory=True)
+    with pytest.raises(SchedulerKernelError) as raised:
+        open_store(link / "kernel.sqlite", clock=lambda: T0)
+    assert raised.value.code == "SCHEDULER_STORAGE_INSECURE"
+    assert list(real.iterdir()) == []

@@ -41,7 +41,7 @@ def default_uuid() -> str:
 def default_database_path() -> Path:
     """``$SCHEDULER_HOME/kernel-v1.sqlite`` (``SCHEDULER_HOME`` defaults to ``~/.scheduler``)."""
     home = os.environ.get("SCHEDULER_HOME") or str(Path.home() / ".scheduler")
-    return Path(home).expanduser().resolve() / DEFAULT_FILE_NAME
+    return _absolute(Path(home).expanduser()) / DEFAULT_FILE_NAME
 
 
 def _validate_options(
@@ -64,12 +64,17 @@ def _validate_options(
     return clock, busy_timeout_ms, uuid_factory
 
 
+def _absolute(path: Path) -> Path:
+    """An absolute, normalized path that keeps symbolic links visible (like Node's path.resolve)."""
+    return Path(os.path.abspath(path))
+
+
 def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
     """(url, file path or None for memory/foreign, engine) for an ``open_store`` target."""
     if isinstance(target, Engine):
         database = target.url.database
         is_file = target.dialect.name == "sqlite" and database not in (None, "", MEMORY)
-        return None, Path(database).resolve() if is_file and database else None, target
+        return None, _absolute(Path(database)) if is_file and database else None, target
     if target is None:
         target = default_database_path()
     if isinstance(target, str) and target == MEMORY:
@@ -80,13 +85,9 @@ def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
             raise invalid_argument("only SQLite databases are supported by this version")
         if url.database in (None, "", MEMORY):
             return target, None, None
-        return target, Path(url.database).resolve(), None
+        return target, _absolute(Path(url.database)), None
     if isinstance(target, (str, os.PathLike)):
-        path = Path(os.fspath(target)).expanduser().resolve(strict=False)
-        if os.path.islink(os.fspath(target)):
-            raise files.insecure(
-                "Scheduler database file must not be a symbolic link", Path(os.fspath(target))
-            )
+        path = _absolute(Path(os.fspath(target)).expanduser())
         return f"sqlite+pysqlite:///{path}", path, None
     raise invalid_argument("target must be a path, ':memory:', an SQLAlchemy URL, an Engine or None")
 
