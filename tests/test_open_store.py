@@ -269,3 +269,25 @@ def test_symlinked_database_directory_is_insecure(tmp_path: Path) -> None:
         open_store(link / "kernel.sqlite", clock=lambda: T0)
     assert raised.value.code == "SCHEDULER_STORAGE_INSECURE"
     assert list(real.iterdir()) == []
+
+
+def test_engine_with_the_pysqlite_begin_recipe_is_supported(tmp_path: Path) -> None:
+    from sqlalchemy import event, text
+
+    engine = create_engine(f"sqlite:///{fresh(tmp_path)}")
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    with open_store(engine, clock=lambda: T0) as store:
+        store.create_job(id="j", kind="routine", authority={"principal": {"type": "user", "id": "u"}})
+        assert store.get_job("j") is not None
+        assert store.connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 1
+    engine.dispose()

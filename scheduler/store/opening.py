@@ -20,12 +20,13 @@ from scheduler.schema.catalog import verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files
-from scheduler.store.dialect import BEGIN_WRITE, DURABILITY_PRAGMAS, FILE_PRAGMAS, open_pragmas
+from scheduler.store.dialect import DURABILITY_PRAGMAS, FILE_PRAGMAS, open_pragmas
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.failures import find_storage_failure_code, storage_unavailable
-from scheduler.store.session import Clock, OwnedRunner
+from scheduler.store.session import Clock, OwnedRunner, begin_sqlite_transaction
 
 MEMORY = ":memory:"
+_PRIOR_ISOLATION = "scheduler_prior_isolation_level"
 DEFAULT_FILE_NAME = "kernel-v1.sqlite"
 
 
@@ -108,8 +109,10 @@ def _own_engine(url: str, path: Path | None, timeout_ms: int) -> Engine:
 
 
 def _pragma(conn: Connection, sql: str) -> None:
-    conn.exec_driver_sql(sql)
-    conn.commit()
+    # On the driver connection: outside any transaction (foreign_keys and journal_mode are no-ops
+    # or errors inside one), and untouched by an engine's own "begin" hooks.
+    dbapi_connection: Any = conn.connection.dbapi_connection
+    dbapi_connection.execute(sql).close()
 
 
 def _initialize_or_upgrade(conn: Connection, now: int) -> None:
@@ -118,7 +121,7 @@ def _initialize_or_upgrade(conn: Connection, now: int) -> None:
     conn.commit()
     if version != SCHEDULER_STORE_SCHEMA_VERSION:
         with conn.begin():
-            conn.exec_driver_sql(BEGIN_WRITE)
+            begin_sqlite_transaction(conn)
             # Re-inspect under the write lock: another process may have upgraded meanwhile.
             version = inspect_database(conn)
             if version != SCHEDULER_STORE_SCHEMA_VERSION:
@@ -128,8 +131,14 @@ def _initialize_or_upgrade(conn: Connection, now: int) -> None:
 
 
 def _connect(engine: Engine, path: Path | None, timeout_ms: int, now: int) -> Connection:
+    """Check out the store's connection in driver-autocommit mode and bring the schema to v6.
+
+    The previous driver isolation level is kept in ``conn.info`` and restored on close, so a
+    caller's pooled connection goes back to the pool as it came.
+    """
     conn = engine.connect()
     dbapi_connection: Any = conn.connection.dbapi_connection
+    conn.info[_PRIOR_ISOLATION] = dbapi_connection.isolation_level
     dbapi_connection.isolation_level = None
     try:
         for pragma in open_pragmas():
@@ -139,9 +148,21 @@ def _connect(engine: Engine, path: Path | None, timeout_ms: int, now: int) -> Co
         for pragma in (FILE_PRAGMAS if path is not None else ()) + DURABILITY_PRAGMAS:
             _pragma(conn, pragma)
     except BaseException:
-        conn.close()
+        _release(conn)
         raise
     return conn
+
+
+def _release(conn: Connection) -> None:
+    """Give the connection back with its original driver isolation level."""
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        dbapi_connection: Any = conn.connection.dbapi_connection
+        if dbapi_connection is not None and _PRIOR_ISOLATION in conn.info:
+            dbapi_connection.isolation_level = conn.info.pop(_PRIOR_ISOLATION)
+    finally:
+        conn.close()
 
 
 def _open_failure(cause: BaseException) -> SchedulerKernelError:
@@ -187,7 +208,7 @@ def open_store(
         raise failure from cause
 
     def close() -> None:
-        conn.close()
+        _release(conn)
         if given_engine is None:
             engine.dispose()
 

@@ -1,0 +1,55 @@
+"""The ``scheduler`` operator command line (Typer + rich).
+
+Read commands open the database read-only and never create or upgrade it; ``init``,
+``upgrade``, ``adjudication decide`` and ``demo`` write. Every read command takes ``--json``.
+Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from scheduler.cli import demo_cmd, operator, reads, schema_cmds
+from scheduler.cli.common import DbOption, configure_logging, set_root_db
+
+app = typer.Typer(
+    name="scheduler",
+    help="Operate a scheduler database: create, upgrade, verify, inspect, adjudicate, demo.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def root(
+    db: DbOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs on stderr.")] = False,
+) -> None:
+    """Global options; ``--db`` here applies to every command (a command's own ``--db`` wins)."""
+    set_root_db(db)
+    configure_logging(verbose)
+
+
+app.command("init")(schema_cmds.init_command)
+app.command("upgrade")(schema_cmds.upgrade_command)
+app.command("verify")(schema_cmds.verify_command)
+app.command("info")(schema_cmds.info_command)
+app.add_typer(reads.jobs_app, name="jobs")
+app.add_typer(reads.occurrences_app, name="occurrences")
+app.command("history")(reads.history_command)
+app.command("dead-letters")(reads.dead_letters_command)
+app.add_typer(operator.adjudication_app, name="adjudication")
+app.add_typer(operator.migrations_app, name="migrations")
+app.add_typer(operator.controls_app, name="controls")
+app.command("demo")(demo_cmd.demo_command)
+
+
+def main() -> None:
+    """Console-script entry point (``scheduler``)."""
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,278 @@
+"""What every command shares: option types, database resolution, read-only access, output, errors.
+
+Exit codes: 0 ok; 1 a failure (verification failed, not found, refused database, conflict);
+2 a usage error (bad option, or an argument the store rejects as ``SCHEDULER_INVALID_ARGUMENT``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+from urllib.parse import quote
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
+
+from scheduler.contract.errors import SchedulerKernelError
+from scheduler.schema.catalog import list_user_tables, read_pragma_int
+from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
+from scheduler.store import SchedulerStore, default_database_path, open_store
+from scheduler.store.failures import CONTENTION_CODES, find_storage_failure_code
+
+log = logging.getLogger("scheduler.cli")
+
+DATABASE_ENV = "SCHEDULER_DATABASE_URL"
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help=f"Database file path or sqlite:/// URL (default: ${DATABASE_ENV}, "
+        "else $SCHEDULER_HOME/kernel-v1.sqlite, SCHEDULER_HOME defaulting to ~/.scheduler).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+LimitOption = Annotated[
+    int, typer.Option("--limit", min=1, max=1000, help="At most this many rows (1..1000).")
+]
+StoreLimitOption = Annotated[
+    int, typer.Option("--limit", min=1, max=200, help="At most this many rows (1..200, the store's bound).")
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CliFailure(Exception):
+    """A command failure with its exit code and an optional error code for ``--json``."""
+
+    def __init__(self, message: str, *, exit_code: int = EXIT_FAILURE, code: str = "CLI_FAILURE") -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.code = code
+
+
+def not_found(kind: str, identifier: str) -> CliFailure:
+    return CliFailure(f"{kind} not found: {identifier}", code="SCHEDULER_NOT_FOUND")
+
+
+# ----------------------------------------------------------------- output
+
+
+def console() -> Console:
+    """The rich console of the current command (stdout)."""
+    return Console(highlight=False, soft_wrap=False)
+
+
+def new_table(*headers: str, title: str | None = None) -> Table:
+    """A rich table whose cells fold instead of being cut, so ids can be copied whole."""
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    return table
+
+
+def emit_json(data: Any) -> None:
+    typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+def fmt_ms(value: int | None) -> str:
+    """Epoch milliseconds as an ISO-8601 UTC timestamp (``-`` for ``None``)."""
+    if value is None:
+        return "-"
+    return (
+        datetime.fromtimestamp(value / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def compact(value: Any, width: int = 60) -> str:
+    """A JSON value on one line, shortened for a table cell."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _report_error(code: str, message: str, details: Any, as_json: bool) -> None:
+    if as_json:
+        emit_json({"error": {"code": code, "message": message, "details": details}})
+    else:
+        typer.echo(f"error: {code}: {message}", err=True)
+        if details is not None:
+            typer.echo(f"details: {json.dumps(details, ensure_ascii=False, default=str)}", err=True)
+
+
+def command(function: Callable[P, R]) -> Callable[P, R]:
+    """Turn library and CLI failures into a message and the documented exit code."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        as_json = bool(kwargs.get("as_json", False))
+        try:
+            return function(*args, **kwargs)
+        except CliFailure as failure:
+            _report_error(failure.code, failure.message, None, as_json)
+            raise typer.Exit(failure.exit_code) from failure
+        except SchedulerKernelError as error:
+            log.debug("command failed", exc_info=True)
+            _report_error(error.code, error.message, error.details, as_json)
+            usage = error.code == "SCHEDULER_INVALID_ARGUMENT"
+            raise typer.Exit(EXIT_USAGE if usage else EXIT_FAILURE) from error
+        except DBAPIError as error:
+            log.debug("database error", exc_info=True)
+            storage_code = find_storage_failure_code(error) or find_storage_failure_code(
+                error, CONTENTION_CODES
+            )
+            code = "SCHEDULER_STORAGE_UNAVAILABLE" if storage_code else "CLI_DATABASE_ERROR"
+            details = {"storageCode": storage_code} if storage_code else None
+            _report_error(code, f"database error: {error.orig}", details, as_json)
+            raise typer.Exit(EXIT_FAILURE) from error
+
+    return wrapper
+
+
+# ----------------------------------------------------------------- database resolution
+
+
+_ROOT_DB: ContextVar[str | None] = ContextVar("scheduler_cli_root_db", default=None)
+
+
+def set_root_db(db: str | None) -> None:
+    """Remember the global ``scheduler --db`` of the current invocation."""
+    _ROOT_DB.set(db)
+
+
+def resolve_target(db: str | None) -> str:
+    """The database to use: ``--db`` (command, then global), ``$SCHEDULER_DATABASE_URL``, default path."""
+    chosen = db or _ROOT_DB.get() or os.environ.get(DATABASE_ENV) or str(default_database_path())
+    log.debug("database target: %s", chosen)
+    return chosen
+
+
+def _usage(message: str) -> CliFailure:
+    return CliFailure(message, exit_code=EXIT_USAGE, code="CLI_USAGE")
+
+
+def database_file(target: str) -> Path:
+    """The SQLite file behind a path or ``sqlite://`` URL (usage error for anything else)."""
+    database: str | None = target
+    if "://" in target:
+        url = make_url(target)
+        if url.get_backend_name() != "sqlite":
+            raise _usage("only SQLite databases are supported")
+        database = url.database
+    if database in (None, "", ":memory:"):
+        raise _usage("an in-memory database has nothing to inspect")
+    return Path(str(database)).expanduser().resolve()
+
+
+def existing_file(target: str) -> Path:
+    path = database_file(target)
+    if not path.is_file():
+        raise CliFailure(f"no database at {path} (run `scheduler init`)", code="SCHEDULER_NOT_FOUND")
+    return path
+
+
+# ----------------------------------------------------------------- read-only access
+
+
+def readonly_engine(path: Path) -> Engine:
+    """An engine whose connections open ``file:PATH?mode=ro``: SQLite refuses every write.
+
+    A reader of a WAL database may create the ``-wal``/``-shm`` sidecars; they are created
+    owner-only. The database file itself is never written.
+    """
+    uri = f"file:{quote(str(path))}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        previous = os.umask(0o077)
+        try:
+            connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        finally:
+            os.umask(previous)
+        connection.execute("PRAGMA query_only = ON")
+        connection.execute("PRAGMA trusted_schema = OFF")
+        return connection
+
+    return create_engine("sqlite+pysqlite://", creator=connect, poolclass=NullPool)
+
+
+@contextmanager
+def readonly_connection(target: str) -> Iterator[tuple[Path, Connection]]:
+    """A read-only connection inside one deferred read transaction (one consistent snapshot)."""
+    path = existing_file(target)
+    engine = readonly_engine(path)
+    try:
+        with engine.connect() as connection, connection.begin():
+            connection.exec_driver_sql("BEGIN")
+            yield path, connection
+    finally:
+        engine.dispose()
+
+
+def require_current_schema(connection: Connection, path: Path) -> None:
+    """Refuse anything but a scheduler database at the current schema version."""
+    application_id = read_pragma_int(connection, "application_id")
+    version = read_pragma_int(connection, "user_version")
+    if application_id == 0 and not list_user_tables(connection):
+        raise CliFailure(f"{path} is empty (run `scheduler init`)", code="SCHEDULER_SCHEMA_UNKNOWN")
+    if application_id != SCHEDULER_APPLICATION_ID:
+        raise CliFailure(
+            f"{path} is not a scheduler database (run `scheduler verify`)", code="SCHEDULER_SCHEMA_UNKNOWN"
+        )
+    if version != SCHEDULER_STORE_SCHEMA_VERSION:
+        raise CliFailure(
+            f"{path} is at schema v{version}, not v{SCHEDULER_STORE_SCHEMA_VERSION} "
+            "(run `scheduler upgrade`)",
+            code="SCHEDULER_SCHEMA_UNKNOWN",
+        )
+
+
+@contextmanager
+def read_store(db: str | None) -> Iterator[SchedulerStore]:
+    """A store for read commands: read-only file, current schema, never creates or upgrades."""
+    with readonly_connection(resolve_target(db)) as (path, connection):
+        require_current_schema(connection, path)
+        store = SchedulerStore.on_connection(connection)
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+@contextmanager
+def write_store(db: str | None) -> Iterator[SchedulerStore]:
+    """A store for write commands (``open_store``: creates or upgrades to the current schema)."""
+    with open_store(resolve_target(db)) as store:
+        yield store
+
+
+_VERBOSE_HANDLER = logging.StreamHandler()
+_VERBOSE_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+
+def configure_logging(verbose: bool) -> None:
+    """``--verbose``: debug logs of the ``scheduler`` loggers on stderr (installed once)."""
+    if verbose:
+        _VERBOSE_HANDLER.setStream(sys.stderr)
+        logger = logging.getLogger("scheduler")
+        if _VERBOSE_HANDLER not in logger.handlers:
+            logger.addHandler(_VERBOSE_HANDLER)
+        logger.setLevel(logging.DEBUG)

@@ -1,0 +1,252 @@
+"""``adjudication``, ``migrations`` and ``controls``: the operator's queues."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+import typer
+from rich.table import Table
+
+from scheduler.cli.common import (
+    DbOption,
+    JsonOption,
+    StoreLimitOption,
+    command,
+    compact,
+    console,
+    emit_json,
+    fmt_ms,
+    new_table,
+    not_found,
+    read_store,
+    write_store,
+)
+from scheduler.contract.constants import RUNTIME_CONTROL_JOB_KINDS, RUNTIME_CONTROL_OCCURRENCE_STATUSES
+from scheduler.contract.digests import (
+    scheduler_adjudication_operator_digest,
+    scheduler_adjudication_reason_digest,
+)
+from scheduler.store.records import AdjudicationCase, DomainMigration, RuntimeControlOccurrence
+
+adjudication_app = typer.Typer(
+    help="Outcome-unknown dead letters awaiting an operator decision.", no_args_is_help=True
+)
+migrations_app = typer.Typer(
+    help="The domain migration journal (legacy sources moved into jobs).", no_args_is_help=True
+)
+controls_app = typer.Typer(
+    help="Runtime control (pause / resume) of running occurrences.", no_args_is_help=True
+)
+
+# The choices, spelled out for the type checker (tests/test_cli.py checks them against the constants).
+DecisionName = Literal["confirmed_applied", "confirmed_not_applied"]
+MigrationStateName = Literal[
+    "prepared", "applied", "verified", "retiring", "retired", "rolling_back", "rolled_back"
+]
+RuntimeStatusName = Literal["running", "pause_requested", "paused"]
+RuntimeKindName = Literal[
+    "agenda", "automation", "automation-event", "cowork-cron", "loop-iteration", "routine"
+]
+
+
+def cases_table(cases: Sequence[AdjudicationCase]) -> Table:
+    table = new_table(
+        "occurrence", "job", "status", "error", "attempt", "fence", "eligible", "evidence", "decision"
+    )
+    for case in cases:
+        table.add_row(
+            case.occurrence_id,
+            case.job_id,
+            case.status,
+            case.error_code or "-",
+            f"{case.attempt}/{case.max_attempts}",
+            str(case.fence),
+            "yes" if case.eligible else "no",
+            case.evidence_digest or "-",
+            "-"
+            if case.adjudication is None
+            else f"{case.adjudication.decision} ({case.adjudication.status})",
+        )
+    return table
+
+
+def migrations_table(migrations: Sequence[DomainMigration]) -> Table:
+    table = new_table(
+        "id", "state", "entries", "created", "updated", "completed", "last error", title="domain migrations"
+    )
+    for migration in migrations:
+        table.add_row(
+            migration.id,
+            migration.state,
+            str(migration.entry_count),
+            fmt_ms(migration.created_at),
+            fmt_ms(migration.updated_at),
+            fmt_ms(migration.completed_at),
+            "-" if migration.last_error is None else compact(migration.last_error, 40),
+        )
+    return table
+
+
+def controls_table(occurrences: Sequence[RuntimeControlOccurrence]) -> Table:
+    table = new_table(
+        "occurrence", "job", "kind", "runtime", "attempt", "fence", "control", "updated", title="controls"
+    )
+    for item in occurrences:
+        control = item.control
+        table.add_row(
+            item.id,
+            item.job_id,
+            item.job_kind,
+            item.runtime_status,
+            f"{item.attempt}/{item.max_attempts}",
+            str(item.fence),
+            "-" if control is None else f"{control.state} r{control.revision}",
+            fmt_ms(item.updated_at),
+        )
+    return table
+
+
+@adjudication_app.command("list")
+@command
+def adjudication_list(limit: StoreLimitOption = 50, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Dead letters whose outcome is unknown and that may be adjudicated."""
+    with read_store(db) as store:
+        cases = store.list_adjudication_cases(limit=limit)
+    if as_json:
+        emit_json({"cases": [case.to_dict() for case in cases], "count": len(cases), "limit": limit})
+    else:
+        console().print(cases_table(cases))
+
+
+@adjudication_app.command("show")
+@command
+def adjudication_show(occurrence_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """One occurrence's adjudication case: the evidence a decision must quote."""
+    with read_store(db) as store:
+        case = store.get_adjudication_case(occurrence_id)
+    if case is None:
+        raise not_found("occurrence", occurrence_id)
+    if as_json:
+        emit_json({"case": case.to_dict()})
+        return
+    out = console()
+    out.print(cases_table([case]))
+    if case.eligible:
+        out.print(
+            f"decide with: scheduler adjudication decide {case.occurrence_id} --decision <decision> "
+            f"--evidence-digest {case.evidence_digest} --attempt {case.attempt} --fence {case.fence} "
+            "--reason <text> --operator <identity>",
+            markup=False,
+        )
+
+
+@adjudication_app.command("decide")
+@command
+def adjudication_decide(
+    occurrence_id: str,
+    decision: Annotated[DecisionName, typer.Option("--decision", help="What the operator confirmed.")],
+    evidence_digest: Annotated[str, typer.Option("--evidence-digest", help="The case's evidence digest.")],
+    attempt: Annotated[int, typer.Option("--attempt", help="The case's attempt.")],
+    fence: Annotated[int, typer.Option("--fence", help="The case's fence.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (stored as its sha256 digest).")],
+    operator: Annotated[str, typer.Option("--operator", help="Who decides (stored as its sha256 digest).")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Record a decision for an outcome-unknown dead letter (compare-and-set on the evidence)."""
+    reason_digest = scheduler_adjudication_reason_digest(reason)
+    operator_digest = scheduler_adjudication_operator_digest(operator)
+    with write_store(db) as store:
+        case = store.adjudicate_occurrence(
+            occurrence_id=occurrence_id,
+            decision=decision,
+            expected_evidence_digest=evidence_digest,
+            expected_attempt=attempt,
+            expected_fence=fence,
+            reason_digest=reason_digest,
+            operator_digest=operator_digest,
+        )
+    if as_json:
+        emit_json({"case": case.to_dict()})
+    else:
+        console().print(cases_table([case]))
+
+
+@migrations_app.command("list")
+@command
+def migrations_list(
+    state: Annotated[
+        MigrationStateName | None, typer.Option("--state", help="Only migrations in this state.")
+    ] = None,
+    limit: StoreLimitOption = 50,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Domain migrations, newest first."""
+    with read_store(db) as store:
+        found = store.list_domain_migrations(state=state, limit=limit)
+    if as_json:
+        emit_json({"migrations": [item.to_dict() for item in found], "count": len(found), "limit": limit})
+    else:
+        console().print(migrations_table(found))
+
+
+@migrations_app.command("show")
+@command
+def migrations_show(migration_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """One domain migration with its entries."""
+    with read_store(db) as store:
+        migration = store.get_domain_migration(migration_id)
+    if migration is None:
+        raise not_found("domain migration", migration_id)
+    if as_json:
+        emit_json({"migration": migration.to_dict()})
+        return
+    out = console()
+    out.print(migrations_table([migration]))
+    entries = new_table(
+        "entry", "domain", "source", "target job", "strategy", "state", "action", title="entries"
+    )
+    for entry in migration.entries or ():
+        entries.add_row(
+            entry.entry_id,
+            entry.domain,
+            entry.source_id,
+            entry.target_job_id,
+            entry.rollback_strategy,
+            entry.state,
+            entry.target_action or "-",
+        )
+    out.print(entries)
+
+
+@controls_app.command("list")
+@command
+def controls_list(
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--status",
+            help=f"Runtime status to include, repeatable ({', '.join(RUNTIME_CONTROL_OCCURRENCE_STATUSES)}).",
+        ),
+    ] = None,
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kind", help=f"Job kind to include, repeatable ({', '.join(RUNTIME_CONTROL_JOB_KINDS)})."
+        ),
+    ] = None,
+    limit: StoreLimitOption = 50,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Running, pause-requested and paused occurrences of controllable job kinds."""
+    statuses = tuple(status) if status else RUNTIME_CONTROL_OCCURRENCE_STATUSES
+    kinds = tuple(kind) if kind else RUNTIME_CONTROL_JOB_KINDS
+    with read_store(db) as store:
+        found = store.list_runtime_control_occurrences(statuses=statuses, job_kinds=kinds, limit=limit)
+    if as_json:
+        emit_json({"occurrences": [item.to_dict() for item in found], "count": len(found), "limit": limit})
+    else:
+        console().print(controls_table(found))

@@ -1,0 +1,200 @@
+"""``jobs``, ``occurrences``, ``history`` and ``dead-letters``: read-only views of the work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from scheduler.cli import queries
+from scheduler.cli.common import (
+    DbOption,
+    JsonOption,
+    LimitOption,
+    StoreLimitOption,
+    command,
+    compact,
+    console,
+    emit_json,
+    fmt_ms,
+    new_table,
+    not_found,
+    read_store,
+)
+from scheduler.contract.constants import OCCURRENCE_STATUSES
+from scheduler.store.records import Event, Job, Occurrence
+
+jobs_app = typer.Typer(help="Jobs (definitions and revisions).", no_args_is_help=True)
+occurrences_app = typer.Typer(help="Occurrences (the scheduled runs of jobs).", no_args_is_help=True)
+
+JobFilter = Annotated[str | None, typer.Option("--job", help="Only this job's rows.")]
+StatusFilter = Annotated[
+    str | None,
+    typer.Option("--status", help=f"Only occurrences in this status ({', '.join(OCCURRENCE_STATUSES)})."),
+]
+
+
+def jobs_table(jobs: Sequence[Job]) -> Table:
+    table = new_table("id", "kind", "enabled", "rev", "max attempts", "principal", "updated", title="jobs")
+    for job in jobs:
+        principal = job.authority["principal"]
+        table.add_row(
+            job.id,
+            job.kind,
+            "yes" if job.enabled else "no",
+            str(job.revision),
+            str(job.max_attempts),
+            f"{principal['type']}:{principal['id']}",
+            fmt_ms(job.updated_at),
+        )
+    return table
+
+
+def occurrences_table(occurrences: Sequence[Occurrence], title: str = "occurrences") -> Table:
+    table = new_table(
+        "id", "job", "trigger", "status", "attempt", "fence", "available", "last error", title=title
+    )
+    for occurrence in occurrences:
+        table.add_row(
+            occurrence.id,
+            occurrence.job_id,
+            occurrence.trigger_key,
+            occurrence.status,
+            f"{occurrence.attempt}/{occurrence.max_attempts}",
+            str(occurrence.fence),
+            fmt_ms(occurrence.available_at),
+            "-" if occurrence.last_error is None else compact(occurrence.last_error, 40),
+        )
+    return table
+
+
+def events_table(events: Sequence[Event], title: str = "history") -> Table:
+    table = new_table("#", "at", "type", "occurrence", "owner", "fence", "data", title=title)
+    for event in events:
+        table.add_row(
+            str(event.event_id),
+            fmt_ms(event.occurred_at),
+            event.type,
+            event.occurrence_id or "-",
+            event.owner_id or "-",
+            "-" if event.fence is None else str(event.fence),
+            compact(event.data),
+        )
+    return table
+
+
+@jobs_app.command("list")
+@command
+def jobs_list(
+    kind: Annotated[str | None, typer.Option("--kind", help="Only jobs of this kind.")] = None,
+    limit: LimitOption = 50,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List jobs by id."""
+    with read_store(db) as store:
+        jobs = queries.list_jobs(store.connection, kind=kind, limit=limit)
+    if as_json:
+        emit_json({"jobs": [job.to_dict() for job in jobs], "count": len(jobs), "limit": limit})
+    else:
+        console().print(jobs_table(jobs))
+
+
+@jobs_app.command("show")
+@command
+def jobs_show(job_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Show one job and how many of its occurrences are in each status."""
+    with read_store(db) as store:
+        job = store.get_job(job_id)
+        if job is None:
+            raise not_found("job", job_id)
+        counts = queries.occurrence_status_counts(store.connection, job_id=job.id)
+    if as_json:
+        emit_json({"job": job.to_dict(), "occurrences": counts})
+        return
+    out = console()
+    out.print(jobs_table([job]))
+    out.print("trigger: " + compact(job.trigger, 200), markup=False)
+    out.print("payload: " + compact(job.payload, 200), markup=False)
+    out.print("authority: " + compact(job.authority, 200), markup=False)
+    out.print("occurrences: " + ", ".join(f"{status} {count}" for status, count in counts.items()))
+
+
+@occurrences_app.command("list")
+@command
+def occurrences_list(
+    status: StatusFilter = None,
+    job: JobFilter = None,
+    limit: LimitOption = 50,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List occurrences, most recently updated first."""
+    with read_store(db) as store:
+        found = queries.list_occurrences(store.connection, status=status, job_id=job, limit=limit)
+    if as_json:
+        emit_json({"occurrences": [item.to_dict() for item in found], "count": len(found), "limit": limit})
+    else:
+        console().print(occurrences_table(found))
+
+
+@occurrences_app.command("show")
+@command
+def occurrences_show(occurrence_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Show one occurrence with its runtime control, authority reservation and adjudication."""
+    with read_store(db) as store:
+        occurrence = store.get_occurrence(occurrence_id)
+        if occurrence is None:
+            raise not_found("occurrence", occurrence_id)
+        control = store.get_occurrence_control(occurrence.id)
+        reservation = store.get_authority_reservation(occurrence.id)
+        adjudication = store.get_occurrence_adjudication(occurrence.id)
+    result: dict[str, Any] = {
+        "occurrence": occurrence.to_dict(),
+        "control": None if control is None else control.to_dict(),
+        "reservation": None if reservation is None else reservation.to_dict(),
+        "adjudication": None if adjudication is None else adjudication.to_dict(),
+    }
+    if as_json:
+        emit_json(result)
+        return
+    out = console()
+    out.print(occurrences_table([occurrence], title="occurrence"))
+    for key in ("payload", "result", "lastError"):
+        out.print(f"{key}: {compact(result['occurrence'][key], 200)}", markup=False)
+    for key in ("control", "reservation", "adjudication"):
+        out.print(f"{key}: {'-' if result[key] is None else compact(result[key], 200)}", markup=False)
+
+
+@command
+def history_command(
+    job: JobFilter = None,
+    occurrence: Annotated[
+        str | None, typer.Option("--occurrence", help="Only this occurrence's events.")
+    ] = None,
+    limit: StoreLimitOption = 50,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The event history, newest first."""
+    with read_store(db) as store:
+        events = store.history(job_id=job, occurrence_id=occurrence, limit=limit)
+    if as_json:
+        emit_json({"events": [event.to_dict() for event in events], "count": len(events), "limit": limit})
+    else:
+        console().print(events_table(events))
+
+
+@command
+def dead_letters_command(
+    job: JobFilter = None, limit: StoreLimitOption = 50, db: DbOption = None, as_json: JsonOption = False
+) -> None:
+    """Dead-lettered occurrences, most recently settled first."""
+    with read_store(db) as store:
+        dead = store.list_dead_letters(job_id=job, limit=limit)
+    if as_json:
+        emit_json({"deadLetters": [item.to_dict() for item in dead], "count": len(dead), "limit": limit})
+    else:
+        console().print(occurrences_table(dead, title="dead letters"))

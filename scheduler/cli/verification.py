@@ -1,0 +1,138 @@
+"""``scheduler verify``: the catalog checks of ``scheduler.schema.catalog``, each run on its own.
+
+``open_store`` stops at the first failed check; an operator wants every finding at once, so
+the same check functions are run one by one and their errors collected. Every check is a read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from scheduler.contract.errors import SchedulerKernelError
+from scheduler.schema import catalog
+from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION, SCHEMA_FINGERPRINTS
+
+Check = Callable[[Connection], object]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One failed check: the check's name and the error it raised."""
+
+    check: str
+    code: str
+    message: str
+    details: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "code": self.code, "message": self.message, "details": self.details}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Everything ``scheduler verify`` reports."""
+
+    version: int
+    fingerprint: str | None
+    expected_fingerprint: str | None
+    checks: list[str]
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "schemaVersion": self.version,
+            "latestVersion": SCHEDULER_STORE_SCHEMA_VERSION,
+            "fingerprint": self.fingerprint,
+            "expectedFingerprint": self.expected_fingerprint,
+            "checks": [
+                {"name": name, "ok": all(finding.check != name for finding in self.findings)}
+                for name in self.checks
+            ],
+            "findings": [finding.to_dict() for finding in self.findings],
+        }
+
+
+def _version_to_verify(connection: Connection) -> int:
+    """The database's own ``user_version`` when it is a known one (1..6), else the current one."""
+    try:
+        version = catalog.read_pragma_int(connection, "user_version")
+    except DBAPIError:
+        return SCHEDULER_STORE_SCHEMA_VERSION
+    return version if version in SCHEMA_FINGERPRINTS else SCHEDULER_STORE_SCHEMA_VERSION
+
+
+def _shape_check(table: str, version: int) -> Check:
+    return lambda connection: catalog._verify_table_shapes(connection, [table], version)
+
+
+def _checks(version: int, present: list[str]) -> list[tuple[str, Check]]:
+    # The step functions are the ones verify_schema runs, in its order (see catalog.verify_schema).
+    checks: list[tuple[str, Check]] = [
+        ("integrity", catalog.assert_database_integrity),
+        ("tables", lambda c: catalog._verify_tables(c, version)),
+        ("identity", lambda c: catalog._verify_identity(c, version)),
+    ]
+    for name in (table for table in catalog.expected_tables(version) if table in present):
+        checks.append((f"columns:{name}", _shape_check(name, version)))
+    checks += [
+        ("fingerprint", lambda c: catalog._verify_fingerprint(c, version)),
+        ("migration-history", lambda c: catalog._verify_history(c, version)),
+        ("indexes", lambda c: catalog._verify_indexes(c, version)),
+        ("foreign-keys", catalog._verify_foreign_keys),
+    ]
+    return checks
+
+
+def _run(name: str, check: Check, connection: Connection) -> Finding | None:
+    try:
+        check(connection)
+    except SchedulerKernelError as error:
+        return Finding(name, error.code, error.message, error.details)
+    except DBAPIError as error:
+        return Finding(name, catalog.SCHEMA_CORRUPT, f"check could not run: {error.orig}")
+    return None
+
+
+def _unreadable(version: int, error: DBAPIError) -> Verification:
+    finding = Finding("integrity", catalog.SCHEMA_CORRUPT, f"not a readable SQLite database: {error.orig}")
+    return Verification(version, None, SCHEMA_FINGERPRINTS.get(version), ["integrity"], [finding])
+
+
+def verify_database(connection: Connection) -> Verification:
+    """Run every catalog check against the version the database claims; collect the findings.
+
+    An empty database gets only the integrity check and one finding saying it is empty; a file
+    SQLite cannot read at all gets one integrity finding.
+    """
+    version = _version_to_verify(connection)
+    try:
+        present = catalog.list_user_tables(connection)
+        fingerprint = catalog.schema_fingerprint(connection)
+    except DBAPIError as error:
+        return _unreadable(version, error)
+    empty = not present
+    checks = _checks(version, present)[:1] if empty else _checks(version, present)
+    names = [name for name, _ in checks]
+    findings = [finding for name, check in checks if (finding := _run(name, check, connection))]
+    if empty:
+        names.append("tables")
+        findings.append(
+            Finding("tables", catalog.SCHEMA_UNKNOWN, "the database is empty (run `scheduler init`)")
+        )
+    return Verification(
+        version=version,
+        fingerprint=fingerprint,
+        expected_fingerprint=SCHEMA_FINGERPRINTS.get(version),
+        checks=names,
+        findings=findings,
+    )

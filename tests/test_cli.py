@@ -1,0 +1,504 @@
+"""The ``scheduler`` command line: every command, its exit codes and its ``--json`` keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from scheduler import open_store
+from scheduler.cli import app
+from scheduler.cli.operator import DecisionName, MigrationStateName
+from scheduler.contract.constants import (
+    CONFIRMED_APPLIED,
+    CONFIRMED_NOT_APPLIED,
+    SCHEDULER_MIGRATION_STATES,
+)
+from scheduler.schema import MIGRATION_V1_SQL, MIGRATION_V6_SQL, SCHEMA_V6_FINGERPRINT
+from scheduler.testing import T0, SchedulerClock
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+REFERENCE_DBS = SHARED / "fixtures" / "reference-dbs"
+AUTHORITY = {"principal": {"type": "service", "id": "cli-test"}, "requestedCapabilities": ["report.run"]}
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> Result:
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def run_json(*args: str, exit_code: int = 0) -> Any:
+    result = invoke(*args, "--json")
+    assert result.exit_code == exit_code, result.output
+    return json.loads(result.stdout)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def reference(name: str, tmp_path: Path) -> Path:
+    source = REFERENCE_DBS / name
+    if not source.exists():
+        pytest.skip(f"shared fixtures absent: {source}")
+    target = tmp_path / name
+    shutil.copyfile(source, target)
+    target.chmod(0o600)
+    return target
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SCHEDULER_DATABASE_URL", raising=False)
+    monkeypatch.setenv("SCHEDULER_HOME", str(tmp_path / "scheduler-home"))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A v6 database with two jobs, one queued occurrence and one outcome-unknown dead letter."""
+    path = tmp_path / "data" / "kernel.sqlite"
+    clock = SchedulerClock()
+    with open_store(path, clock=clock) as store:
+        store.create_job(id="job-a", kind="report", authority=AUTHORITY)
+        store.create_job(id="job-b", kind="agenda", authority=AUTHORITY, max_attempts=1)
+        clock.advance(1000)
+        store.enqueue_occurrence(job_id="job-a", scheduled_for=T0, trigger_key="first")
+        doomed = store.enqueue_occurrence(job_id="job-b", scheduled_for=T0, trigger_key="second")
+        clock.advance(1000)
+        claimed = store.claim_occurrence(occurrence_id=doomed.id, owner_id="worker", lease_ms=60_000)
+        assert claimed is not None
+        store.settle(
+            occurrence_id=claimed.id,
+            owner_id="worker",
+            fence=claimed.fence,
+            outcome="failed",
+            error={"code": "REMOTE_OUTCOME_UNKNOWN", "message": "connection reset"},
+            retryable=False,
+        )
+    return path
+
+
+def occurrence_ids(path: Path) -> dict[str, str]:
+    with sqlite3.connect(path) as connection:
+        return dict(connection.execute("SELECT trigger_key, occurrence_id FROM occurrences"))
+
+
+# ----------------------------------------------------------------- init / upgrade
+
+
+def test_init_creates_v6_and_reports_versions_and_fingerprint(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "kernel.sqlite"
+    result = run_json("init", "--db", str(path))
+    assert set(result) == {"database", "fromVersion", "toVersion", "steps", "dryRun", "fingerprint"}
+    assert (result["fromVersion"], result["toVersion"], result["dryRun"]) == (0, 6, False)
+    assert [step["version"] for step in result["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert result["fingerprint"] == SCHEMA_V6_FINGERPRINT
+    assert path.is_file() and (path.stat().st_mode & 0o777) == 0o600
+    again = run_json("init", "--db", str(path))
+    assert (again["fromVersion"], again["toVersion"], again["steps"]) == (6, 6, [])
+
+
+def test_init_text_output_names_the_versions(tmp_path: Path) -> None:
+    result = invoke("init", "--db", str(tmp_path / "k.sqlite"))
+    assert result.exit_code == 0
+    assert "v0 -> v6" in result.stdout and SCHEMA_V6_FINGERPRINT in result.stdout
+
+
+def test_init_dry_run_and_sql_write_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "k.sqlite"
+    dry = run_json("init", "--db", str(path), "--dry-run")
+    assert dry["dryRun"] is True and dry["fingerprint"] is None
+    assert dry["steps"][0]["name"] == "scheduler-kernel-v1"
+    sql = invoke("init", "--db", str(path), "--sql")
+    assert sql.exit_code == 0
+    assert MIGRATION_V1_SQL.strip() in sql.stdout and MIGRATION_V6_SQL.strip() in sql.stdout
+    steps = run_json("init", "--db", str(path), "--sql")["steps"]
+    assert [set(step) for step in steps] == [{"version", "name", "checksum", "sql"}] * 6
+    assert not path.exists() and not path.parent.joinpath("k.sqlite-wal").exists()
+
+
+def test_upgrade_takes_a_v3_database_to_v6(tmp_path: Path) -> None:
+    path = reference("v3.sqlite", tmp_path)
+    before = sha256(path)
+    dry = run_json("upgrade", "--db", str(path), "--dry-run")
+    assert dry["fromVersion"] == 3 and [step["version"] for step in dry["steps"]] == [4, 5, 6]
+    assert sha256(path) == before
+    sql = invoke("upgrade", "--db", str(path), "--sql")
+    assert MIGRATION_V6_SQL.strip() in sql.stdout and MIGRATION_V1_SQL.strip() not in sql.stdout
+    assert sha256(path) == before
+    done = run_json("upgrade", "--db", str(path))
+    assert (done["fromVersion"], done["toVersion"], done["fingerprint"]) == (3, 6, SCHEMA_V6_FINGERPRINT)
+    assert run_json("verify", "--db", str(path))["ok"] is True
+
+
+def test_upgrade_needs_an_existing_database(tmp_path: Path) -> None:
+    path = tmp_path / "missing.sqlite"
+    result = invoke("upgrade", "--db", str(path))
+    assert result.exit_code == 1
+    assert "SCHEDULER_NOT_FOUND" in result.stderr
+    assert not path.exists()
+
+
+def test_upgrade_refuses_a_foreign_database_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE notes (body TEXT)")
+    before = sha256(path)
+    error = run_json("upgrade", "--db", str(path), exit_code=1)["error"]
+    assert error["code"] == "SCHEDULER_SCHEMA_UNKNOWN" and error["details"] == {"tables": ["notes"]}
+    assert sha256(path) == before
+
+
+# ----------------------------------------------------------------- verify
+
+
+def test_verify_is_read_only_and_reports_every_check(db: Path) -> None:
+    before = sha256(db)
+    result = run_json("verify", "--db", str(db))
+    assert set(result) == {
+        "database",
+        "ok",
+        "schemaVersion",
+        "latestVersion",
+        "fingerprint",
+        "expectedFingerprint",
+        "checks",
+        "findings",
+    }
+    assert result["ok"] is True and result["findings"] == []
+    assert result["fingerprint"] == result["expectedFingerprint"] == SCHEMA_V6_FINGERPRINT
+    names = [check["name"] for check in result["checks"]]
+    assert {
+        "integrity",
+        "tables",
+        "identity",
+        "fingerprint",
+        "migration-history",
+        "indexes",
+        "foreign-keys",
+    } <= set(names)
+    assert "columns:occurrences" in names
+    assert sha256(db) == before
+    assert invoke("verify", "--db", str(db)).exit_code == 0
+    assert sha256(db) == before
+
+
+def test_verify_fails_on_an_added_trigger_without_touching_the_file(db: Path, tmp_path: Path) -> None:
+    tampered = tmp_path / "tampered.sqlite"
+    shutil.copyfile(db, tampered)
+    with sqlite3.connect(tampered) as connection:
+        connection.execute("CREATE TRIGGER sneaky AFTER INSERT ON jobs BEGIN SELECT 1; END")
+    before = sha256(tampered)
+    result = run_json("verify", "--db", str(tampered), exit_code=1)
+    assert result["ok"] is False
+    assert [(f["check"], f["code"]) for f in result["findings"]] == [
+        ("fingerprint", "SCHEDULER_SCHEMA_CORRUPT")
+    ]
+    assert sha256(tampered) == before
+    text = invoke("verify", "--db", str(tampered))
+    assert text.exit_code == 1 and "FAIL fingerprint" in text.stdout
+
+
+def test_verify_collects_several_findings(db: Path) -> None:
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE INDEX scheduler_extra ON jobs(kind)")
+        connection.execute("UPDATE migrations SET checksum = 'x' WHERE version = 3")
+    findings = run_json("verify", "--db", str(db), exit_code=1)["findings"]
+    assert {(f["check"], f["code"]) for f in findings} == {
+        ("fingerprint", "SCHEDULER_SCHEMA_CORRUPT"),
+        ("migration-history", "SCHEDULER_SCHEMA_UNKNOWN"),
+        ("indexes", "SCHEDULER_SCHEMA_CORRUPT"),
+    }
+
+
+def test_verify_missing_and_empty_databases(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.sqlite"
+    assert invoke("verify", "--db", str(missing)).exit_code == 1
+    assert not missing.exists()
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()
+    result = run_json("verify", "--db", str(empty), exit_code=1)
+    assert [f["message"] for f in result["findings"]] == ["the database is empty (run `scheduler init`)"]
+
+
+def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    before = sha256(garbage)
+    findings = run_json("verify", "--db", str(garbage), exit_code=1)["findings"]
+    assert [(f["check"], f["code"]) for f in findings] == [("integrity", "SCHEDULER_SCHEMA_CORRUPT")]
+    assert run_json("info", "--db", str(garbage), exit_code=1)["error"]["code"] == "CLI_DATABASE_ERROR"
+    assert (
+        run_json("upgrade", "--db", str(garbage), exit_code=1)["error"]["code"] == "SCHEDULER_SCHEMA_CORRUPT"
+    )
+    assert sha256(garbage) == before
+
+
+def test_verify_accepts_an_older_version_and_says_an_upgrade_is_pending(tmp_path: Path) -> None:
+    path = reference("v5.sqlite", tmp_path)
+    result = invoke("verify", "--db", str(path))
+    assert result.exit_code == 0 and "upgrade to v6 is pending" in result.stdout
+    assert run_json("verify", "--db", str(path))["schemaVersion"] == 5
+
+
+# ----------------------------------------------------------------- info
+
+
+def test_info_reports_versions_counts_and_files(db: Path) -> None:
+    info = run_json("info", "--db", str(db))
+    assert set(info) == {
+        "database",
+        "files",
+        "journalMode",
+        "versions",
+        "fingerprint",
+        "migrations",
+        "tables",
+        "occurrences",
+    }
+    assert info["journalMode"] == "wal"
+    assert info["files"][db.name] == db.stat().st_size
+    assert info["versions"]["schema"] == 6 and info["versions"]["applicationId"] == 0x4343534B
+    assert info["fingerprint"] == {
+        "actual": SCHEMA_V6_FINGERPRINT,
+        "expected": SCHEMA_V6_FINGERPRINT,
+        "matches": True,
+    }
+    assert [row["version"] for row in info["migrations"]] == [1, 2, 3, 4, 5, 6]
+    assert info["tables"]["jobs"] == 2 and info["tables"]["occurrences"] == 2
+    assert info["occurrences"] == {
+        "queued": 1,
+        "running": 0,
+        "retry_wait": 0,
+        "succeeded": 0,
+        "dead_letter": 1,
+    }
+    assert "occurrences per status" in invoke("info", "--db", str(db)).stdout
+
+
+# ----------------------------------------------------------------- jobs, occurrences, history
+
+
+def test_jobs_list_and_show(db: Path) -> None:
+    listed = run_json("jobs", "list", "--db", str(db))
+    assert set(listed) == {"jobs", "count", "limit"}
+    assert [job["id"] for job in listed["jobs"]] == ["job-a", "job-b"]
+    assert run_json("jobs", "list", "--db", str(db), "--kind", "agenda")["jobs"][0]["id"] == "job-b"
+    assert run_json("jobs", "list", "--db", str(db), "--limit", "1")["count"] == 1
+    shown = run_json("jobs", "show", "job-b", "--db", str(db))
+    assert set(shown) == {"job", "occurrences"}
+    assert shown["job"]["maxAttempts"] == 1 and shown["occurrences"]["dead_letter"] == 1
+    assert "job-a" in invoke("jobs", "list", "--db", str(db)).stdout
+
+
+def test_jobs_show_unknown_is_exit_1_with_a_json_error(db: Path) -> None:
+    error = run_json("jobs", "show", "nope", "--db", str(db), exit_code=1)["error"]
+    assert error["code"] == "SCHEDULER_NOT_FOUND"
+
+
+def test_occurrences_list_filters_and_show(db: Path) -> None:
+    ids = occurrence_ids(db)
+    listed = run_json("occurrences", "list", "--db", str(db))
+    assert set(listed) == {"occurrences", "count", "limit"} and listed["count"] == 2
+    dead = run_json("occurrences", "list", "--db", str(db), "--status", "dead_letter")["occurrences"]
+    assert [item["id"] for item in dead] == [ids["second"]]
+    by_job = run_json("occurrences", "list", "--db", str(db), "--job", "job-a")["occurrences"]
+    assert [item["id"] for item in by_job] == [ids["first"]]
+    shown = run_json("occurrences", "show", ids["second"], "--db", str(db))
+    assert set(shown) == {"occurrence", "control", "reservation", "adjudication"}
+    assert shown["occurrence"]["lastError"]["code"] == "REMOTE_OUTCOME_UNKNOWN"
+    assert run_json("occurrences", "show", "occ_missing", "--db", str(db), exit_code=1)["error"]["code"] == (
+        "SCHEDULER_NOT_FOUND"
+    )
+
+
+def test_history_filters_and_limits(db: Path) -> None:
+    ids = occurrence_ids(db)
+    everything = run_json("history", "--db", str(db))
+    assert set(everything) == {"events", "count", "limit"}
+    assert everything["events"][0]["type"] == "occurrence_dead_lettered"
+    event_ids = [event["eventId"] for event in everything["events"]]
+    assert event_ids == sorted(event_ids, reverse=True)
+    of_job = run_json("history", "--db", str(db), "--job", "job-a")["events"]
+    assert {event["jobId"] for event in of_job} == {"job-a"}
+    of_occurrence = run_json("history", "--db", str(db), "--occurrence", ids["second"])["events"]
+    assert [event["type"] for event in of_occurrence] == [
+        "occurrence_dead_lettered",
+        "occurrence_claimed",
+        "occurrence_enqueued",
+    ]
+    assert run_json("history", "--db", str(db), "--limit", "2")["count"] == 2
+
+
+@pytest.mark.parametrize("limit", ["0", "201", "many"])
+def test_out_of_range_limits_are_usage_errors(db: Path, limit: str) -> None:
+    assert invoke("history", "--db", str(db), "--limit", limit).exit_code == 2
+
+
+def test_dead_letters(db: Path) -> None:
+    result = run_json("dead-letters", "--db", str(db))
+    assert set(result) == {"deadLetters", "count", "limit"}
+    assert [item["triggerKey"] for item in result["deadLetters"]] == ["second"]
+    assert run_json("dead-letters", "--db", str(db), "--job", "job-a")["deadLetters"] == []
+
+
+# ----------------------------------------------------------------- adjudication
+
+
+def test_adjudication_list_show_and_decide(db: Path) -> None:
+    dead = occurrence_ids(db)["second"]
+    cases = run_json("adjudication", "list", "--db", str(db))
+    assert set(cases) == {"cases", "count", "limit"}
+    assert [case["occurrenceId"] for case in cases["cases"]] == [dead]
+    case = run_json("adjudication", "show", dead, "--db", str(db))["case"]
+    assert case["eligible"] is True and case["adjudication"] is None
+    decide = [
+        "adjudication",
+        "decide",
+        dead,
+        "--db",
+        str(db),
+        "--decision",
+        "confirmed_not_applied",
+        "--evidence-digest",
+        case["evidenceDigest"],
+        "--attempt",
+        str(case["attempt"]),
+        "--fence",
+        str(case["fence"]),
+        "--reason",
+        "the remote side never received it",
+        "--operator",
+        "ops@example.com",
+    ]
+    decided = run_json(*decide)["case"]
+    assert decided["adjudication"]["decision"] == "confirmed_not_applied"
+    assert decided["adjudication"]["status"] == "pending" and decided["status"] == "retry_wait"
+    again = run_json(*decide, exit_code=1)["error"]
+    assert again["code"] == "SCHEDULER_ADJUDICATION_ALREADY_RECORDED"
+
+
+def test_adjudication_decide_rejects_bad_arguments(db: Path) -> None:
+    dead = occurrence_ids(db)["second"]
+    base = ["adjudication", "decide", dead, "--db", str(db), "--attempt", "1", "--fence", "1"]
+    base += ["--reason", "r", "--operator", "o"]
+    assert invoke(*base, "--decision", "maybe", "--evidence-digest", "sha256:" + "0" * 64).exit_code == 2
+    bad_digest = invoke(*base, "--decision", "confirmed_applied", "--evidence-digest", "nope", "--json")
+    assert bad_digest.exit_code == 2
+    assert json.loads(bad_digest.stdout)["error"]["code"] == "SCHEDULER_INVALID_ARGUMENT"
+
+
+def test_literal_choices_match_the_contract_constants() -> None:
+    assert get_args(DecisionName) == (CONFIRMED_APPLIED, CONFIRMED_NOT_APPLIED)
+    assert get_args(MigrationStateName) == SCHEDULER_MIGRATION_STATES
+
+
+# ----------------------------------------------------------------- on the reference v6 database
+
+
+def test_reference_migrations_controls_and_dead_letters(tmp_path: Path) -> None:
+    path = reference("v6.sqlite", tmp_path)
+    before = sha256(path)
+    dump = json.loads((REFERENCE_DBS / "v6.json").read_text())["tables"]
+    migrations = run_json("migrations", "list", "--db", str(path))
+    assert set(migrations) == {"migrations", "count", "limit"}
+    assert sorted(item["id"] for item in migrations["migrations"]) == sorted(
+        row["migration_id"] for row in dump["scheduler_domain_migrations"]
+    )
+    verified = run_json("migrations", "list", "--db", str(path), "--state", "verified")["migrations"]
+    assert [item["entryCount"] for item in verified] == [2]
+    shown = run_json("migrations", "show", verified[0]["id"], "--db", str(path))["migration"]
+    assert len(shown["entries"]) == 2
+    assert invoke("migrations", "list", "--db", str(path), "--state", "bogus").exit_code == 2
+    assert invoke("migrations", "show", "nope", "--db", str(path)).exit_code == 1
+    controls = run_json("controls", "list", "--db", str(path))
+    assert set(controls) == {"occurrences", "count", "limit"}
+    assert sorted(item["runtimeStatus"] for item in controls["occurrences"]) == [
+        "pause_requested",
+        "paused",
+        "running",
+    ]
+    paused = run_json("controls", "list", "--db", str(path), "--status", "paused")["occurrences"]
+    assert [item["control"]["state"] for item in paused] == ["paused"]
+    assert invoke("controls", "list", "--db", str(path), "--status", "bogus").exit_code == 2
+    assert run_json("dead-letters", "--db", str(path))["count"] == 3
+    assert run_json("adjudication", "list", "--db", str(path))["count"] == 1
+    assert "pause_requested" in invoke("controls", "list", "--db", str(path)).stdout
+    assert sha256(path) == before
+
+
+# ----------------------------------------------------------------- database selection and refusals
+
+
+def test_read_commands_never_create_or_upgrade(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.sqlite"
+    assert invoke("jobs", "list", "--db", str(missing)).exit_code == 1
+    assert not missing.exists()
+    old = reference("v3.sqlite", tmp_path)
+    before = sha256(old)
+    result = invoke("history", "--db", str(old))
+    assert result.exit_code == 1 and "scheduler upgrade" in result.stderr
+    assert sha256(old) == before
+
+
+def test_database_selection_order(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "other.sqlite"
+    run_json("init", "--db", str(other))
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"sqlite:///{db}")
+    assert run_json("jobs", "list")["count"] == 2
+    assert json.loads(invoke("--db", str(other), "jobs", "list", "--json").stdout)["count"] == 0
+    assert (
+        json.loads(invoke("--db", str(other), "jobs", "list", "--db", str(db), "--json").stdout)["count"] == 2
+    )
+    monkeypatch.delenv("SCHEDULER_DATABASE_URL")
+    home = tmp_path / "scheduler-home"
+    assert run_json("init")["database"] == str(home / "kernel-v1.sqlite")
+
+
+def test_usage_errors_exit_2(db: Path) -> None:
+    assert invoke("no-such-command").exit_code == 2
+    assert invoke("jobs", "list", "--db", str(db), "--bogus").exit_code == 2
+    assert invoke("jobs", "list", "--db", "postgresql://localhost/x").exit_code == 2
+    assert invoke("info", "--db", ":memory:").exit_code == 2
+
+
+def test_module_and_console_script_entry_points(tmp_path: Path) -> None:
+    env = {**os.environ, "SCHEDULER_HOME": str(tmp_path / "h")}
+    env.pop("SCHEDULER_DATABASE_URL", None)
+    module = subprocess.run(
+        [sys.executable, "-m", "scheduler", "init", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert module.returncode == 0, module.stderr
+    assert json.loads(module.stdout)["database"] == str(tmp_path / "h" / "kernel-v1.sqlite")
+    script = shutil.which("scheduler", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the console script is not installed (pip install -e .)")
+    listed = subprocess.run(
+        [script, "jobs", "list", "--json"], capture_output=True, text=True, env=env, check=False
+    )
+    assert listed.returncode == 0 and json.loads(listed.stdout)["count"] == 0
+
+
+# ----------------------------------------------------------------- documentation
+
+
+def test_api_reference_is_generated_from_the_current_code() -> None:
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_api_docs.py"
+    check = subprocess.run(
+        [sys.executable, str(tool), "--check"], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stderr
