@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Row, insert
@@ -105,6 +105,15 @@ def _sample_clock(clock: Clock) -> int:
     return normalize_epoch_ms(clock(), "clock result")
 
 
+def begin_sqlite_transaction(conn: Connection, begin: str = BEGIN_WRITE) -> None:
+    """Start the SQLite transaction explicitly unless the engine's own "begin" hook already did.
+
+    (SQLAlchemy's pysqlite recipe emits BEGIN from a "begin" event; a second BEGIN would fail.)
+    """
+    if _dbapi_in_transaction(conn) is not True:
+        conn.exec_driver_sql(begin)
+
+
 def _dbapi_in_transaction(conn: Connection) -> bool | None:
     try:
         return bool(conn.connection.dbapi_connection.in_transaction)  # type: ignore[union-attr]
@@ -162,7 +171,7 @@ class OwnedRunner(_Base):
         state = "not_started"
         transaction = self.conn.begin()
         try:
-            self.conn.exec_driver_sql(begin)
+            begin_sqlite_transaction(self.conn, begin)
             state = "running"
             tx = self._tx() if sample_clock else Tx(self.conn, 0, self.uuid_factory)
             result = operation(tx)
@@ -186,11 +195,13 @@ class OwnedRunner(_Base):
             raise classified from error
 
     def _rollback(self, transaction: Any) -> bool:
-        try:
-            if transaction.is_active:
-                transaction.rollback()
-        except Exception:
-            pass
+        # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
+        with suppress(Exception):
+            transaction.rollback()
+        if _dbapi_in_transaction(self.conn):
+            # SQLAlchemy skips the driver rollback of an inactive transaction: do not keep the lock.
+            with suppress(Exception):
+                self.conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
         return _dbapi_in_transaction(self.conn) is False
 
     @contextmanager
@@ -198,7 +209,7 @@ class OwnedRunner(_Base):
         """``BEGIN IMMEDIATE`` for a block of operations that commit or roll back together."""
         with self.lock:
             transaction = self.conn.begin()
-            self.conn.exec_driver_sql(BEGIN_WRITE)
+            begin_sqlite_transaction(self.conn)
             try:
                 yield NestedRunner(self.conn, self.clock, self.uuid_factory, lock=self.lock)
             except BaseException:

@@ -1,0 +1,408 @@
+"""Leases: claim_next, claim_occurrence, claim_batch, renew and the expired-lease sweep (seed v6).
+
+Every write samples ``now`` inside its transaction. Rows are read once per operation (joined
+with their runtime control, requeue request, reservation and adjudication) and DML statements
+return the rows they write, so no row is read twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from sqlalchemy import Row, and_, bindparam, update
+
+from scheduler.contract.canonical import canonical_json
+from scheduler.contract.constants import DEAD_LETTER, MAX_LEASE_MS, MAX_SAFE_INTEGER, RUNNING
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int, normalize_identifier
+from scheduler.schema import tables as t
+from scheduler.store.base import StoreBase
+from scheduler.store.claim_query import (
+    CLAIM_OCCURRENCE,
+    PAUSE_REQUESTED,
+    RESUMED,
+    ClaimPlan,
+    claim_next_params,
+    claim_next_statement,
+    claimable,
+    keeps_attempt,
+)
+from scheduler.store.dialect import greatest
+from scheduler.store.jobs import not_found
+from scheduler.store.occurrences import run_batch, validate_batch
+from scheduler.store.records import Occurrence
+from scheduler.store.rows import map_occurrence
+from scheduler.store.session import Tx
+from scheduler.store.settlement import SettleRequest, normalize_settle, normalize_settle_mapping, settle_in
+
+MAX_CLAIM_BATCH: Final = 1000
+LEASE_EXPIRED_ERROR: Final = {
+    "code": "lease_expired",
+    "message": "Execution lease expired after the final allowed attempt",
+}
+_LEASE_EXPIRED_JSON: Final = canonical_json(LEASE_EXPIRED_ERROR, "occurrence.error")
+_SWEEP_OUTCOME_JSON: Final = canonical_json({"status": DEAD_LETTER, "error": LEASE_EXPIRED_ERROR}, "outcome")
+
+_o = t.occurrences
+_leased = and_(
+    _o.c.occurrence_id == bindparam("p_id"),
+    _o.c.status == RUNNING,
+    _o.c.lease_owner == bindparam("p_owner"),
+    _o.c.fence == bindparam("p_fence"),
+)
+_CLAIM: Final = (
+    update(_o)
+    .where(_o.c.occurrence_id == bindparam("p_id"), _o.c.fence == bindparam("p_fence"))
+    .values(
+        status=RUNNING,
+        attempt=bindparam("p_attempt"),
+        fence=bindparam("p_next_fence"),
+        lease_owner=bindparam("p_owner"),
+        lease_expires_at=bindparam("p_expires"),
+        updated_at=bindparam("p_now"),
+        settled_at=None,
+    )
+    .returning(*_o.c)
+)
+_RENEW: Final = (
+    update(_o)
+    .where(_leased, _o.c.lease_expires_at > bindparam("p_now"))
+    .values(
+        lease_expires_at=greatest(_o.c.lease_expires_at, bindparam("p_expires")),
+        updated_at=bindparam("p_now"),
+    )
+    .returning(*_o.c)
+)
+_SWEEP: Final = (
+    update(_o)
+    .where(_leased)
+    .values(
+        status=DEAD_LETTER,
+        lease_owner=None,
+        lease_expires_at=None,
+        last_error_json=_LEASE_EXPIRED_JSON,
+        updated_at=bindparam("p_now"),
+        settled_at=bindparam("p_now"),
+    )
+)
+_c = t.occurrence_controls
+_REBIND_CONTROL: Final = (
+    update(_c)
+    .where(
+        _c.c.occurrence_id == bindparam("p_id"),
+        _c.c.state == bindparam("p_state"),
+        _c.c.expected_fence == bindparam("p_fence"),
+    )
+    .values(
+        expected_fence=bindparam("p_next_fence"),
+        revision=_c.c.revision + 1,
+        updated_at=bindparam("p_now"),
+    )
+)
+_r = t.occurrence_retries
+_CONSUME_RETRY: Final = (
+    update(_r)
+    .where(
+        _r.c.occurrence_id == bindparam("p_id"),
+        _r.c.request_id == bindparam("p_request"),
+        _r.c.claimed_at.is_(None),
+    )
+    .values(claimed_at=bindparam("p_now"))
+)
+_adj = t.adjudications
+_APPLY_ADJUDICATION: Final = (
+    update(_adj)
+    .where(_adj.c.occurrence_id == bindparam("p_id"), _adj.c.status == "pending")
+    .values(
+        status="applied",
+        applied_at=bindparam("p_now"),
+        retry_settled_at=bindparam("p_now"),
+        retry_outcome_json=bindparam("p_outcome"),
+    )
+)
+_res = t.authority_reservations
+_FAIL_RESERVATION: Final = (
+    update(_res)
+    .where(_res.c.occurrence_id == bindparam("p_id"), _res.c.status == "reserved")
+    .values(status="failed", outcome_json=bindparam("p_outcome"), settled_at=bindparam("p_now"))
+)
+
+
+def lease_lost(occurrence_id: str) -> SchedulerKernelError:
+    return SchedulerKernelError(
+        "SCHEDULER_LEASE_LOST",
+        f"Occurrence lease is absent, expired, or owned by another fence: {occurrence_id}",
+    )
+
+
+def normalize_lease_ms(value: Any) -> int:
+    """A lease length: an ``int`` in 1..86400000."""
+    lease = assert_positive_safe_int(value, "leaseMs")
+    if lease > MAX_LEASE_MS:
+        raise invalid_argument(f"leaseMs must not exceed {MAX_LEASE_MS}")
+    return lease
+
+
+def lease_expiry(now: int, lease_ms: int) -> int:
+    expires = now + lease_ms
+    if expires > MAX_SAFE_INTEGER:
+        raise invalid_argument("lease expiry exceeds the safe integer range")
+    return expires
+
+
+def normalize_claim_batch_limit(value: Any) -> int:
+    if not is_safe_int(value) or not 1 <= value <= MAX_CLAIM_BATCH:
+        raise invalid_argument(f"limit must be an integer between 1 and {MAX_CLAIM_BATCH}")
+    return value
+
+
+def optional_identifier(value: Any, field: str, max_length: int) -> str | None:
+    return None if value is None else normalize_identifier(value, field, max_length)
+
+
+# ------------------------------------------------------------------------------------ sweep
+
+
+def sweep_expired(tx: Tx, rows: Sequence[Row[Any]]) -> None:
+    """Dead-letter expired final attempts (seed: _deadLetterExpiredLeases) in the given order."""
+    for row in rows:
+        params = {
+            "p_id": row.occurrence_id,
+            "p_owner": row.lease_owner,
+            "p_fence": row.fence,
+            "p_now": tx.now,
+        }
+        if tx.changes(_SWEEP, params) != 1:
+            continue
+        data: dict[str, Any] = {
+            "attempt": row.attempt,
+            "maxAttempts": row.max_attempts,
+            "reason": "lease_expired",
+        }
+        if row.adjudication_request_id is not None:
+            settled = {"p_id": row.occurrence_id, "p_now": tx.now, "p_outcome": _SWEEP_OUTCOME_JSON}
+            tx.execute(_APPLY_ADJUDICATION, settled)
+            tx.execute(_FAIL_RESERVATION, settled)
+            data["adjudicationRequestId"] = row.adjudication_request_id
+        tx.append_event(
+            job_id=row.job_id,
+            occurrence_id=row.occurrence_id,
+            type="occurrence_dead_lettered",
+            owner_id=row.lease_owner,
+            fence=row.fence,
+            data=data,
+        )
+
+
+# ------------------------------------------------------------------------------------ claims
+
+
+def _rebind_control(tx: Tx, row: Row[Any], fence: int) -> None:
+    state = row.control_state
+    if state not in (PAUSE_REQUESTED, RESUMED):
+        return
+    params = {
+        "p_id": row.occurrence_id,
+        "p_state": state,
+        "p_fence": row.control_expected_fence,
+        "p_next_fence": fence,
+        "p_now": tx.now,
+    }
+    if tx.changes(_REBIND_CONTROL, params) != 1 and state == RESUMED:
+        raise SchedulerKernelError(
+            "SCHEDULER_OCCURRENCE_CONTROL_CONFLICT",
+            f"Scheduler resume checkpoint lost its claim fence: {row.occurrence_id}",
+        )
+
+
+def claim_row(tx: Tx, row: Row[Any], owner: str, expires: int, *, targeted: bool) -> Occurrence:
+    """Claim one eligible candidate row read in this transaction (seed: the claim UPDATE and after)."""
+    claimed = tx.first(
+        _CLAIM,
+        {
+            "p_id": row.occurrence_id,
+            "p_fence": row.fence,
+            "p_attempt": row.attempt + (0 if keeps_attempt(row) else 1),
+            "p_next_fence": row.fence + 1,
+            "p_owner": owner,
+            "p_expires": expires,
+            "p_now": tx.now,
+        },
+    )
+    if claimed is None:
+        raise SchedulerKernelError("SCHEDULER_CLAIM_CONFLICT", "Occurrence eligibility changed during claim")
+    _rebind_control(tx, row, claimed.fence)
+    data: dict[str, Any] = {
+        "attempt": claimed.attempt,
+        "previousOwner": row.lease_owner,
+        "previousStatus": row.status,
+    }
+    if targeted:
+        data["targeted"] = True
+    if row.control_state == PAUSE_REQUESTED:
+        data["pauseRequestRebound"] = True
+    elif row.control_state == RESUMED:
+        data["resumedWithoutAttempt"] = True
+    if row.retry_request_id is not None:
+        tx.execute(
+            _CONSUME_RETRY, {"p_id": row.occurrence_id, "p_request": row.retry_request_id, "p_now": tx.now}
+        )
+        data["retryRequestId"] = row.retry_request_id
+    tx.append_event(
+        job_id=row.job_id,
+        occurrence_id=row.occurrence_id,
+        type="occurrence_reclaimed" if row.status == RUNNING else "occurrence_claimed",
+        owner_id=owner,
+        fence=claimed.fence,
+        data=data,
+    )
+    occurrence = map_occurrence(claimed)
+    assert occurrence is not None
+    return occurrence
+
+
+def claim_in(
+    tx: Tx, owner: str, lease_ms: int, job_kind: str | None, workspace_id: str | None, limit: int
+) -> list[Occurrence]:
+    """Up to ``limit`` successive claims, each preceded by the seed's sweep."""
+    expires = lease_expiry(tx.now, lease_ms)
+    statement = claim_next_statement(job_kind, workspace_id)
+    plan = ClaimPlan(tx.execute(statement, claim_next_params(tx.now, limit, job_kind, workspace_id)), tx.now)
+    claimed: list[Occurrence] = []
+    for _ in range(limit):
+        sweep_expired(tx, plan.next_sweep())
+        candidate = plan.next_candidate()
+        if candidate is None:
+            break
+        claimed.append(claim_row(tx, candidate, owner, expires, targeted=False))
+    return claimed
+
+
+def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -> Occurrence | None:
+    """Sweep, then claim one named occurrence if the seed's rules allow it."""
+    expires = lease_expiry(tx.now, lease_ms)
+    plan = ClaimPlan(tx.execute(CLAIM_OCCURRENCE, {"now": tx.now, "occurrence_id": occurrence_id}), tx.now)
+    sweep_expired(tx, plan.next_sweep())
+    target = plan.target
+    if target is None:
+        raise not_found("occurrence", occurrence_id)
+    if plan.was_swept(occurrence_id) or not claimable(target, tx.now):
+        return None
+    return claim_row(tx, target, owner, expires, targeted=True)
+
+
+def renew_in(tx: Tx, occurrence_id: str, owner: str, fence: int, lease_ms: int) -> Occurrence:
+    """Extend a live lease to ``MAX(current, now + lease_ms)``."""
+    expires = lease_expiry(tx.now, lease_ms)
+    params = {
+        "p_id": occurrence_id,
+        "p_owner": owner,
+        "p_fence": fence,
+        "p_expires": expires,
+        "p_now": tx.now,
+    }
+    row = tx.first(_RENEW, params)
+    if row is None:
+        raise lease_lost(occurrence_id)
+    tx.append_event(
+        job_id=row.job_id,
+        occurrence_id=occurrence_id,
+        type="occurrence_renewed",
+        owner_id=owner,
+        fence=fence,
+        data={"leaseExpiresAt": row.lease_expires_at},
+    )
+    occurrence = map_occurrence(row)
+    assert occurrence is not None
+    return occurrence
+
+
+class LeaseOperations(StoreBase):
+    """Public lease methods of ``SchedulerStore``."""
+
+    def claim_next(
+        self,
+        *,
+        owner_id: str,
+        lease_ms: int,
+        job_kind: str | None = None,
+        workspace_id: str | None = None,
+    ) -> Occurrence | None:
+        """Claim the next due occurrence (optionally of a job kind / workspace), or ``None``.
+
+        Expired final attempts are dead-lettered first; expired leases are reclaimed.
+        """
+        owner = normalize_identifier(owner_id, "ownerId")
+        lease = normalize_lease_ms(lease_ms)
+        kind = optional_identifier(job_kind, "jobKind", 128)
+        workspace = optional_identifier(workspace_id, "workspaceId", 256)
+        claimed = self._write(lambda tx: claim_in(tx, owner, lease, kind, workspace, 1))
+        return claimed[0] if claimed else None
+
+    def claim_batch(
+        self,
+        *,
+        owner_id: str,
+        lease_ms: int,
+        limit: int,
+        job_kind: str | None = None,
+        workspace_id: str | None = None,
+    ) -> list[Occurrence]:
+        """Up to ``limit`` (1..1000) successive ``claim_next`` results in one transaction."""
+        owner = normalize_identifier(owner_id, "ownerId")
+        lease = normalize_lease_ms(lease_ms)
+        kind = optional_identifier(job_kind, "jobKind", 128)
+        workspace = optional_identifier(workspace_id, "workspaceId", 256)
+        bounded = normalize_claim_batch_limit(limit)
+        return self._write(lambda tx: claim_in(tx, owner, lease, kind, workspace, bounded))
+
+    def claim_occurrence(self, *, occurrence_id: str, owner_id: str, lease_ms: int) -> Occurrence | None:
+        """Claim one named occurrence if it is eligible, else ``None`` (``SCHEDULER_NOT_FOUND`` if absent)."""
+        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        owner = normalize_identifier(owner_id, "ownerId")
+        lease = normalize_lease_ms(lease_ms)
+        return self._write(lambda tx: claim_occurrence_in(tx, identifier, owner, lease))
+
+    def renew(self, *, occurrence_id: str, owner_id: str, fence: int, lease_ms: int) -> Occurrence:
+        """Extend the caller's live lease; it never shrinks (``SCHEDULER_LEASE_LOST`` if not held)."""
+        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        owner = normalize_identifier(owner_id, "ownerId")
+        token = assert_positive_safe_int(fence, "fence")
+        lease = normalize_lease_ms(lease_ms)
+        return self._write(lambda tx: renew_in(tx, identifier, owner, token, lease))
+
+    def settle(
+        self,
+        *,
+        occurrence_id: str,
+        owner_id: str,
+        fence: int,
+        outcome: str,
+        result: Any = None,
+        error: Any = None,
+        retryable: bool = True,
+        retry_at: int | None = None,
+        adjudication_request_id: str | None = None,
+    ) -> Occurrence:
+        """Finish the caller's attempt: ``succeeded``, or ``failed`` (retry_wait or dead_letter)."""
+        request = normalize_settle(
+            occurrence_id=occurrence_id,
+            owner_id=owner_id,
+            fence=fence,
+            outcome=outcome,
+            result=result,
+            error=error,
+            retryable=retryable,
+            retry_at=retry_at,
+            adjudication_request_id=adjudication_request_id,
+        )
+        return self._write(lambda tx: settle_in(tx, request))
+
+    def settle_many(self, settlements: Sequence[Mapping[str, Any]]) -> list[Occurrence]:
+        """``settle`` for each dict of its keyword arguments, in order, in one transaction."""
+        requests: list[SettleRequest] = validate_batch(settlements, normalize_settle_mapping, "settlements")
+        if not requests:
+            self._assert_open()
+            return []
+        return self._write(lambda tx: run_batch(tx, requests, settle_in))

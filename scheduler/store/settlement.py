@@ -1,0 +1,332 @@
+"""Settlement of a leased attempt (seed v6 ``settle``) and its control/authority/adjudication bookkeeping."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Row, and_, bindparam, select, update
+
+from scheduler.contract.canonical import JSON, canonical_json, normalize_and_encode_json
+from scheduler.contract.constants import DEAD_LETTER, RETRY_WAIT, RUNNING, SUCCEEDED
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.contract.scalars import (
+    assert_positive_safe_int,
+    normalize_boolean,
+    normalize_epoch_ms,
+    normalize_identifier,
+)
+from scheduler.schema import tables as t
+from scheduler.store.records import Occurrence
+from scheduler.store.rows import map_occurrence
+from scheduler.store.session import Tx
+
+DEFAULT_ERROR: Final = {"code": "execution_failed", "message": "Execution failed"}
+SETTLE_FIELDS: Final = frozenset(
+    {
+        "occurrence_id",
+        "owner_id",
+        "fence",
+        "outcome",
+        "result",
+        "error",
+        "retryable",
+        "retry_at",
+        "adjudication_request_id",
+    }
+)
+
+_o = t.occurrences
+_c = t.occurrence_controls
+_res = t.authority_reservations
+_adj = t.adjudications
+
+_CURRENT: Final = (
+    select(
+        _o,
+        _c.c.state.label("control_state"),
+        _c.c.expected_fence.label("control_expected_fence"),
+        _res.c.status.label("reservation_status"),
+        _res.c.policy_revision.label("reservation_policy_revision"),
+        _res.c.units.label("reservation_units"),
+        _adj.c.status.label("adjudication_status"),
+        _adj.c.request_id.label("adjudication_request_id"),
+    )
+    .select_from(
+        _o.outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
+        .outerjoin(_res, _res.c.occurrence_id == _o.c.occurrence_id)
+        .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
+    )
+    .where(_o.c.occurrence_id == bindparam("p_id"))
+)
+_SETTLE: Final = (
+    update(_o)
+    .where(
+        and_(
+            _o.c.occurrence_id == bindparam("p_id"),
+            _o.c.status == RUNNING,
+            _o.c.lease_owner == bindparam("p_owner"),
+            _o.c.fence == bindparam("p_fence"),
+            _o.c.lease_expires_at > bindparam("p_now"),
+        )
+    )
+    .values(
+        status=bindparam("p_status"),
+        available_at=bindparam("p_available"),
+        lease_owner=None,
+        lease_expires_at=None,
+        last_error_json=bindparam("p_error"),
+        result_json=bindparam("p_result"),
+        updated_at=bindparam("p_now"),
+        settled_at=bindparam("p_settled"),
+    )
+    .returning(*_o.c)
+)
+_REBIND_RESUMED: Final = (
+    update(_c)
+    .where(
+        _c.c.occurrence_id == bindparam("p_id"),
+        _c.c.state == "resumed",
+        _c.c.expected_fence == bindparam("p_fence"),
+    )
+    .values(
+        expected_fence=bindparam("p_next_fence"), revision=_c.c.revision + 1, updated_at=bindparam("p_now")
+    )
+)
+_TERMINALIZE: Final = (
+    update(_c)
+    .where(_c.c.occurrence_id == bindparam("p_id"), _c.c.state == bindparam("p_state"))
+    .values(
+        state="terminal",
+        revision=_c.c.revision + 1,
+        terminal_at=bindparam("p_now"),
+        updated_at=bindparam("p_now"),
+    )
+)
+_SETTLE_RESERVATION: Final = (
+    update(_res)
+    .where(_res.c.occurrence_id == bindparam("p_id"), _res.c.status == "reserved")
+    .values(status=bindparam("p_status"), outcome_json=bindparam("p_outcome"), settled_at=bindparam("p_now"))
+)
+_APPLY_ADJUDICATION: Final = (
+    update(_adj)
+    .where(_adj.c.occurrence_id == bindparam("p_id"), _adj.c.status == "pending")
+    .values(
+        status="applied",
+        applied_at=bindparam("p_now"),
+        retry_settled_at=bindparam("p_now"),
+        retry_outcome_json=bindparam("p_outcome"),
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleRequest:
+    """A validated settlement; ``result``/``error`` are normalized and pre-encoded."""
+
+    occurrence_id: str
+    owner_id: str
+    fence: int
+    succeeded: bool
+    retryable: bool
+    result: JSON
+    result_json: str | None
+    error: JSON
+    error_json: str | None
+    retry_at: int | None
+    adjudication_request_id: str | None
+
+
+def normalize_settle(
+    *,
+    occurrence_id: Any,
+    owner_id: Any,
+    fence: Any,
+    outcome: Any,
+    result: Any = None,
+    error: Any = None,
+    retryable: Any = True,
+    retry_at: Any = None,
+    adjudication_request_id: Any = None,
+) -> SettleRequest:
+    """Validate in the seed's order; ``result`` is ignored on failure, ``error``/``retry_at`` on success."""
+    identifier = normalize_identifier(occurrence_id, "occurrenceId")
+    owner = normalize_identifier(owner_id, "ownerId")
+    token = assert_positive_safe_int(fence, "fence")
+    if not isinstance(outcome, str) or outcome not in ("succeeded", "failed"):
+        raise invalid_argument("outcome must be succeeded or failed")
+    normalize_boolean(retryable, "retryable")
+    succeeded = outcome == "succeeded"
+    normalized_result, result_json = (
+        normalize_and_encode_json(result, "result") if succeeded else (None, None)
+    )
+    normalized_error, error_json = (
+        (None, None)
+        if succeeded
+        else normalize_and_encode_json(DEFAULT_ERROR if error is None else error, "error")
+    )
+    retry = None if succeeded or retry_at is None else normalize_epoch_ms(retry_at, "retryAt")
+    adjudication = (
+        None
+        if adjudication_request_id is None
+        else normalize_identifier(adjudication_request_id, "adjudicationRequestId", 128)
+    )
+    return SettleRequest(
+        identifier,
+        owner,
+        token,
+        succeeded,
+        retryable,
+        normalized_result,
+        result_json,
+        normalized_error,
+        error_json,
+        retry,
+        adjudication,
+    )
+
+
+def normalize_settle_mapping(settlement: Any) -> SettleRequest:
+    """One ``settle_many`` item: a dict of ``settle`` keyword arguments."""
+    if not isinstance(settlement, Mapping):
+        raise invalid_argument("settlement must be a dict")
+    unknown = sorted(str(key) for key in settlement if key not in SETTLE_FIELDS)
+    if unknown:
+        raise invalid_argument("settlement contains unknown fields", {"fields": unknown})
+    arguments = {"occurrence_id": None, "owner_id": None, "fence": None, "outcome": None, **settlement}
+    return normalize_settle(**arguments)
+
+
+def _lease_held(row: Row[Any] | None, request: SettleRequest, now: int) -> bool:
+    return (
+        row is not None
+        and row.status == RUNNING
+        and row.lease_owner == request.owner_id
+        and row.fence == request.fence
+        and row.lease_expires_at > now
+    )
+
+
+def _settle_control(tx: Tx, current: Row[Any], status: str, fence: int) -> bool:
+    """Rebind a resumed control to the next claim on retry, or terminalize it; True if terminalized."""
+    state = current.control_state
+    params = {"p_id": current.occurrence_id, "p_now": tx.now}
+    if status == RETRY_WAIT and state == "resumed":
+        tx.execute(_REBIND_RESUMED, {**params, "p_fence": fence, "p_next_fence": fence + 1})
+        return False
+    if state == "pause_requested" or state == "resumed":
+        return tx.changes(_TERMINALIZE, {**params, "p_state": state}) == 1
+    return False
+
+
+def _settle_reservation(tx: Tx, current: Row[Any], status: str, outcome: dict[str, Any]) -> None:
+    if current.reservation_status != "reserved" or status == RETRY_WAIT:
+        return
+    params = {
+        "p_id": current.occurrence_id,
+        "p_status": "succeeded" if status == SUCCEEDED else "failed",
+        "p_outcome": canonical_json(outcome, "authoritySettlement"),
+        "p_now": tx.now,
+    }
+    if tx.changes(_SETTLE_RESERVATION, params) != 1:
+        raise SchedulerKernelError(
+            "SCHEDULER_AUTHORITY_SETTLEMENT_CONFLICT",
+            f"Scheduler authority reservation could not be settled: {current.occurrence_id}",
+        )
+
+
+def _settle_adjudication(tx: Tx, current: Row[Any], status: str, outcome: dict[str, Any]) -> None:
+    if current.adjudication_status != "pending" or status == RETRY_WAIT:
+        return
+    params = {
+        "p_id": current.occurrence_id,
+        "p_outcome": canonical_json(outcome, "adjudication.retryOutcome"),
+        "p_now": tx.now,
+    }
+    if tx.changes(_APPLY_ADJUDICATION, params) != 1:
+        raise SchedulerKernelError(
+            "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
+            f"Scheduler adjudication could not be settled: {current.occurrence_id}",
+        )
+
+
+def _next_state(current: Row[Any], request: SettleRequest, now: int) -> tuple[str, str, int, int | None]:
+    """(status, event type, available_at, settled_at) after the settlement."""
+    if request.succeeded:
+        return SUCCEEDED, "occurrence_succeeded", current.available_at, now
+    if request.retryable and current.attempt < current.max_attempts:
+        available = now if request.retry_at is None else max(now, request.retry_at)
+        return RETRY_WAIT, "occurrence_retry_scheduled", available, None
+    return DEAD_LETTER, "occurrence_dead_lettered", current.available_at, now
+
+
+def settle_in(tx: Tx, request: SettleRequest) -> Occurrence:
+    """Settle the caller's live lease (``SCHEDULER_LEASE_LOST`` for a stale owner, fence or lease)."""
+    now = tx.now
+    identifier = request.occurrence_id
+    current = tx.first(_CURRENT, {"p_id": identifier})
+    if current is None or not _lease_held(current, request, now):
+        raise SchedulerKernelError(
+            "SCHEDULER_LEASE_LOST",
+            f"Occurrence lease is absent, expired, or owned by another fence: {identifier}",
+        )
+    pending_adjudication = current.adjudication_status == "pending"
+    if (
+        request.adjudication_request_id is not None
+        and pending_adjudication
+        and current.adjudication_request_id != request.adjudication_request_id
+    ):
+        raise SchedulerKernelError(
+            "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
+            f"Scheduler adjudication request does not match settlement: {identifier}",
+        )
+    status, event_type, available, settled = _next_state(current, request, now)
+    updated = tx.first(
+        _SETTLE,
+        {
+            "p_id": identifier,
+            "p_owner": request.owner_id,
+            "p_fence": request.fence,
+            "p_now": now,
+            "p_status": status,
+            "p_available": available,
+            "p_error": None if request.succeeded else request.error_json,
+            "p_result": request.result_json,
+            "p_settled": settled,
+        },
+    )
+    if updated is None:
+        raise SchedulerKernelError(
+            "SCHEDULER_LEASE_LOST",
+            f"Occurrence lease is absent, expired, or owned by another fence: {identifier}",
+        )
+    terminalized = _settle_control(tx, current, status, request.fence)
+    outcome: dict[str, Any] = (
+        {"status": status, "result": request.result}
+        if request.succeeded
+        else {"status": status, "error": request.error}
+    )
+    _settle_reservation(tx, current, status, outcome)
+    _settle_adjudication(tx, current, status, outcome)
+    data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
+    if current.reservation_status is not None:
+        data["authorityPolicyRevision"] = current.reservation_policy_revision
+        data["authorityUnits"] = current.reservation_units
+    if status == RETRY_WAIT:
+        data["retryAt"] = available
+    if pending_adjudication:
+        data["adjudicationRequestId"] = current.adjudication_request_id
+    if terminalized:
+        data["runtimeControlTerminalized"] = True
+    tx.append_event(
+        job_id=current.job_id,
+        occurrence_id=identifier,
+        type=event_type,
+        owner_id=request.owner_id,
+        fence=request.fence,
+        data=data,
+    )
+    occurrence = map_occurrence(updated)
+    assert occurrence is not None
+    return occurrence
