@@ -10,8 +10,9 @@ from scheduler.contract.constants import DEAD_LETTER, DEFAULT_HISTORY_LIMIT
 from scheduler.contract.scalars import normalize_history_limit, normalize_identifier
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Event, Occurrence
-from scheduler.store.rows import map_event, map_occurrence
+from scheduler.store.rows import map_event
 from scheduler.store.session import Tx
 
 
@@ -35,11 +36,11 @@ def dead_letter_query(job_id: str | None, limit: int) -> Select[Any]:
 
 
 def read_events(tx: Tx, query: Select[Any]) -> list[Event]:
-    return [map_event(row) for row in tx.execute(query)]
+    return [map_event(row) for row in tx.execute(query).all()]
 
 
 def read_occurrences(tx: Tx, query: Select[Any]) -> list[Occurrence]:
-    return [occurrence for occurrence in map(map_occurrence, tx.execute(query)) if occurrence is not None]
+    return [occurrence_record(row) for row in tx.execute(query).all()]
 
 
 class HistoryOperations(StoreBase):

@@ -1,8 +1,9 @@
 """Leases: claim_next, claim_occurrence, claim_batch, renew and the expired-lease sweep (seed v6).
 
-Every write samples ``now`` inside its transaction. Rows are read once per operation (joined
-with their runtime control, requeue request, reservation and adjudication) and DML statements
-return the rows they write, so no row is read twice.
+Every write samples ``now`` inside its transaction. Candidate rows are read once, joined with
+their runtime control and requeue request (:mod:`scheduler.store.claim_query`); the claims of a
+transaction are written with one ``executemany`` and their records are those rows with the
+claim applied, so nothing is read back. ``renew`` returns its row from the UPDATE itself.
 """
 
 from __future__ import annotations
@@ -30,11 +31,17 @@ from scheduler.store.claim_query import (
 )
 from scheduler.store.dialect import greatest
 from scheduler.store.jobs import not_found
-from scheduler.store.occurrences import run_batch, validate_batch
+from scheduler.store.occurrence_rows import EventLog, occurrence_record, validate_batch
 from scheduler.store.records import Occurrence
-from scheduler.store.rows import map_occurrence
 from scheduler.store.session import Tx
-from scheduler.store.settlement import SettleRequest, normalize_settle, normalize_settle_mapping, settle_in
+from scheduler.store.settlement import (
+    SettleRequest,
+    lease_lost,
+    normalize_settle,
+    normalize_settle_mapping,
+    settle_in,
+    settle_many_in,
+)
 
 MAX_CLAIM_BATCH: Final = 1000
 LEASE_EXPIRED_ERROR: Final = {
@@ -63,7 +70,6 @@ _CLAIM: Final = (
         updated_at=bindparam("p_now"),
         settled_at=None,
     )
-    .returning(*_o.c)
 )
 _RENEW: Final = (
     update(_o)
@@ -129,13 +135,6 @@ _FAIL_RESERVATION: Final = (
 )
 
 
-def lease_lost(occurrence_id: str) -> SchedulerKernelError:
-    return SchedulerKernelError(
-        "SCHEDULER_LEASE_LOST",
-        f"Occurrence lease is absent, expired, or owned by another fence: {occurrence_id}",
-    )
-
-
 def normalize_lease_ms(value: Any) -> int:
     """A lease length: an ``int`` in 1..86400000."""
     lease = assert_positive_safe_int(value, "leaseMs")
@@ -164,7 +163,7 @@ def optional_identifier(value: Any, field: str, max_length: int) -> str | None:
 # ------------------------------------------------------------------------------------ sweep
 
 
-def sweep_expired(tx: Tx, rows: Sequence[Row[Any]]) -> None:
+def sweep_expired(tx: Tx, rows: Sequence[Row[Any]], events: EventLog) -> None:
     """Dead-letter expired final attempts (seed: _deadLetterExpiredLeases) in the given order."""
     for row in rows:
         params = {
@@ -185,7 +184,7 @@ def sweep_expired(tx: Tx, rows: Sequence[Row[Any]]) -> None:
             tx.execute(_APPLY_ADJUDICATION, settled)
             tx.execute(_FAIL_RESERVATION, settled)
             data["adjudicationRequestId"] = row.adjudication_request_id
-        tx.append_event(
+        events.add(
             job_id=row.job_id,
             occurrence_id=row.occurrence_id,
             type="occurrence_dead_lettered",
@@ -196,6 +195,88 @@ def sweep_expired(tx: Tx, rows: Sequence[Row[Any]]) -> None:
 
 
 # ------------------------------------------------------------------------------------ claims
+
+
+class Claims:
+    """The claims of one transaction: decided row by row, written with one UPDATE at the end.
+
+    Each claimed record is the candidate row read in this transaction with the claim's columns
+    applied, so nothing is read back.
+    """
+
+    __slots__ = ("claimed", "events", "expires", "owner", "rows", "tx", "updates")
+
+    def __init__(self, tx: Tx, owner: str, lease_ms: int) -> None:
+        self.tx = tx
+        self.owner = owner
+        self.expires = lease_expiry(tx.now, lease_ms)
+        self.events = EventLog(tx)
+        self.rows: list[Row[Any]] = []
+        self.updates: list[dict[str, Any]] = []
+        self.claimed: list[Occurrence] = []
+
+    def claim(self, row: Row[Any], *, targeted: bool) -> None:
+        """Claim one eligible candidate (seed: the claim UPDATE, its bookkeeping and event)."""
+        attempt = row.attempt + (0 if keeps_attempt(row) else 1)
+        fence = row.fence + 1
+        changes = {
+            "status": RUNNING,
+            "attempt": attempt,
+            "fence": fence,
+            "lease_owner": self.owner,
+            "lease_expires_at": self.expires,
+            "updated_at": self.tx.now,
+            "settled_at": None,
+        }
+        self.updates.append(
+            {
+                "p_id": row.occurrence_id,
+                "p_fence": row.fence,
+                "p_attempt": attempt,
+                "p_next_fence": fence,
+                "p_owner": self.owner,
+                "p_expires": self.expires,
+                "p_now": self.tx.now,
+            }
+        )
+        self.rows.append(row)
+        data: dict[str, Any] = {
+            "attempt": attempt,
+            "previousOwner": row.lease_owner,
+            "previousStatus": row.status,
+        }
+        if targeted:
+            data["targeted"] = True
+        if row.control_state == PAUSE_REQUESTED:
+            data["pauseRequestRebound"] = True
+        elif row.control_state == RESUMED:
+            data["resumedWithoutAttempt"] = True
+        if row.retry_request_id is not None:
+            data["retryRequestId"] = row.retry_request_id
+        self.events.add(
+            job_id=row.job_id,
+            occurrence_id=row.occurrence_id,
+            type="occurrence_reclaimed" if row.status == RUNNING else "occurrence_claimed",
+            owner_id=self.owner,
+            fence=fence,
+            data=data,
+        )
+        self.claimed.append(occurrence_record(row, changes))
+
+    def write(self) -> list[Occurrence]:
+        """The claim UPDATEs (one executemany), control and requeue bookkeeping, then the events."""
+        tx = self.tx
+        if self.updates and tx.changes(_CLAIM, self.updates) != len(self.updates):
+            raise SchedulerKernelError(
+                "SCHEDULER_CLAIM_CONFLICT", "Occurrence eligibility changed during claim"
+            )
+        for row in self.rows:
+            _rebind_control(tx, row, row.fence + 1)
+            if row.retry_request_id is not None:
+                params = {"p_id": row.occurrence_id, "p_request": row.retry_request_id, "p_now": tx.now}
+                tx.execute(_CONSUME_RETRY, params)
+        self.events.flush(tx)
+        return self.claimed
 
 
 def _rebind_control(tx: Tx, row: Row[Any], fence: int) -> None:
@@ -216,80 +297,36 @@ def _rebind_control(tx: Tx, row: Row[Any], fence: int) -> None:
         )
 
 
-def claim_row(tx: Tx, row: Row[Any], owner: str, expires: int, *, targeted: bool) -> Occurrence:
-    """Claim one eligible candidate row read in this transaction (seed: the claim UPDATE and after)."""
-    claimed = tx.first(
-        _CLAIM,
-        {
-            "p_id": row.occurrence_id,
-            "p_fence": row.fence,
-            "p_attempt": row.attempt + (0 if keeps_attempt(row) else 1),
-            "p_next_fence": row.fence + 1,
-            "p_owner": owner,
-            "p_expires": expires,
-            "p_now": tx.now,
-        },
-    )
-    if claimed is None:
-        raise SchedulerKernelError("SCHEDULER_CLAIM_CONFLICT", "Occurrence eligibility changed during claim")
-    _rebind_control(tx, row, claimed.fence)
-    data: dict[str, Any] = {
-        "attempt": claimed.attempt,
-        "previousOwner": row.lease_owner,
-        "previousStatus": row.status,
-    }
-    if targeted:
-        data["targeted"] = True
-    if row.control_state == PAUSE_REQUESTED:
-        data["pauseRequestRebound"] = True
-    elif row.control_state == RESUMED:
-        data["resumedWithoutAttempt"] = True
-    if row.retry_request_id is not None:
-        tx.execute(
-            _CONSUME_RETRY, {"p_id": row.occurrence_id, "p_request": row.retry_request_id, "p_now": tx.now}
-        )
-        data["retryRequestId"] = row.retry_request_id
-    tx.append_event(
-        job_id=row.job_id,
-        occurrence_id=row.occurrence_id,
-        type="occurrence_reclaimed" if row.status == RUNNING else "occurrence_claimed",
-        owner_id=owner,
-        fence=claimed.fence,
-        data=data,
-    )
-    occurrence = map_occurrence(claimed)
-    assert occurrence is not None
-    return occurrence
-
-
 def claim_in(
     tx: Tx, owner: str, lease_ms: int, job_kind: str | None, workspace_id: str | None, limit: int
 ) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep."""
-    expires = lease_expiry(tx.now, lease_ms)
+    claims = Claims(tx, owner, lease_ms)
     statement = claim_next_statement(job_kind, workspace_id)
-    plan = ClaimPlan(tx.execute(statement, claim_next_params(tx.now, limit, job_kind, workspace_id)), tx.now)
-    claimed: list[Occurrence] = []
+    rows = tx.execute(statement, claim_next_params(tx.now, limit, job_kind, workspace_id)).all()
+    plan = ClaimPlan(rows, tx.now)
     for _ in range(limit):
-        sweep_expired(tx, plan.next_sweep())
+        sweep_expired(tx, plan.next_sweep(), claims.events)
         candidate = plan.next_candidate()
         if candidate is None:
             break
-        claimed.append(claim_row(tx, candidate, owner, expires, targeted=False))
-    return claimed
+        claims.claim(candidate, targeted=False)
+    return claims.write()
 
 
 def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -> Occurrence | None:
     """Sweep, then claim one named occurrence if the seed's rules allow it."""
-    expires = lease_expiry(tx.now, lease_ms)
-    plan = ClaimPlan(tx.execute(CLAIM_OCCURRENCE, {"now": tx.now, "occurrence_id": occurrence_id}), tx.now)
-    sweep_expired(tx, plan.next_sweep())
+    claims = Claims(tx, owner, lease_ms)
+    rows = tx.execute(CLAIM_OCCURRENCE, {"now": tx.now, "occurrence_id": occurrence_id}).all()
+    plan = ClaimPlan(rows, tx.now)
+    sweep_expired(tx, plan.next_sweep(), claims.events)
     target = plan.target
     if target is None:
         raise not_found("occurrence", occurrence_id)
-    if plan.was_swept(occurrence_id) or not claimable(target, tx.now):
-        return None
-    return claim_row(tx, target, owner, expires, targeted=True)
+    if not plan.was_swept(occurrence_id) and claimable(target, tx.now):
+        claims.claim(target, targeted=True)
+    claimed = claims.write()
+    return claimed[0] if claimed else None
 
 
 def renew_in(tx: Tx, occurrence_id: str, owner: str, fence: int, lease_ms: int) -> Occurrence:
@@ -313,9 +350,7 @@ def renew_in(tx: Tx, occurrence_id: str, owner: str, fence: int, lease_ms: int) 
         fence=fence,
         data={"leaseExpiresAt": row.lease_expires_at},
     )
-    occurrence = map_occurrence(row)
-    assert occurrence is not None
-    return occurrence
+    return occurrence_record(row)
 
 
 class LeaseOperations(StoreBase):
@@ -405,4 +440,4 @@ class LeaseOperations(StoreBase):
         if not requests:
             self._assert_open()
             return []
-        return self._write(lambda tx: run_batch(tx, requests, settle_in))
+        return self._write(lambda tx: settle_many_in(tx, requests))

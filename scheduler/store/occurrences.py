@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from sqlalchemy import bindparam, select
 
 from scheduler.contract.canonical import canonical_json, normalize_and_encode_json
+from scheduler.contract.constants import QUEUED
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.identity import derive_occurrence_identity
 from scheduler.contract.scalars import is_safe_int, normalize_epoch_ms, normalize_identifier
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
-from scheduler.store.jobs import load_job, not_found
-from scheduler.store.records import Job, Occurrence
-from scheduler.store.rows import data_corrupt, map_occurrence
+from scheduler.store.jobs import not_found
+from scheduler.store.occurrence_rows import (
+    EventLog,
+    chunks,
+    occurrence_record,
+    reject_unknown_fields,
+    validate_batch,
+    with_index,
+)
+from scheduler.store.records import Occurrence
+from scheduler.store.rows import data_corrupt, map_job
 from scheduler.store.session import Tx
-
-T = TypeVar("T")
 
 OMITTED: Final[Any] = object()
 """Default of ``payload``: the job's payload is used (``None`` is the JSON ``null``)."""
@@ -28,11 +35,13 @@ OMITTED: Final[Any] = object()
 DEFAULT_TRIGGER_LIST_LIMIT: Final = 2
 MAX_TRIGGER_LIST_LIMIT: Final = 200
 ENQUEUE_FIELDS: Final = frozenset({"job_id", "scheduled_for", "trigger_key", "available_at", "payload"})
-REQUIRED_ENQUEUE_FIELDS: Final = ("job_id", "scheduled_for", "trigger_key")
 
 _o = t.occurrences
-_INSERT: Final = insert_ignoring_conflict(_o, "idempotency_key").returning(*_o.c)
+_INSERT: Final = insert_ignoring_conflict(_o, "idempotency_key")
+_INSERT_RETURNING: Final = insert_ignoring_conflict(_o, "idempotency_key").returning(*_o.c)
 _BY_KEY: Final = select(_o).where(_o.c.idempotency_key == bindparam("key"))
+_BY_KEYS: Final = select(_o).where(_o.c.idempotency_key.in_(bindparam("keys", expanding=True)))
+_JOB: Final = select(t.jobs).where(t.jobs.c.job_id == bindparam("id"))
 _BY_ID: Final = select(_o).where(_o.c.occurrence_id == bindparam("id"))
 _BY_TRIGGER: Final = (
     select(_o)
@@ -67,17 +76,13 @@ def normalize_enqueue(
 
 def normalize_enqueue_mapping(request: Any) -> EnqueueRequest:
     """One ``enqueue_many`` item: a dict of ``enqueue_occurrence`` keyword arguments."""
-    if not isinstance(request, Mapping):
-        raise invalid_argument("enqueue request must be a dict")
-    unknown = sorted(str(key) for key in request if key not in ENQUEUE_FIELDS)
-    if unknown:
-        raise invalid_argument("enqueue request contains unknown fields", {"fields": unknown})
+    fields = reject_unknown_fields(request, ENQUEUE_FIELDS, "enqueue request")
     return normalize_enqueue(
-        request.get("job_id"),
-        request.get("scheduled_for"),
-        request.get("trigger_key"),
-        request.get("available_at"),
-        request.get("payload", OMITTED),
+        fields.get("job_id"),
+        fields.get("scheduled_for"),
+        fields.get("trigger_key"),
+        fields.get("available_at"),
+        fields.get("payload", OMITTED),
     )
 
 
@@ -88,39 +93,7 @@ def normalize_trigger_list_limit(limit: Any) -> int:
     return min(MAX_TRIGGER_LIST_LIMIT, max(1, limit))
 
 
-def with_index(error: SchedulerKernelError, index: int) -> SchedulerKernelError:
-    """Tag a batch item's error with its position (merged into a dict ``details``)."""
-    if error.details is None:
-        error.details = {"index": index}
-    elif isinstance(error.details, dict):
-        error.details = {**error.details, "index": index}
-    return error
-
-
-def validate_batch(items: Any, normalize: Callable[[Any], T], field: str) -> list[T]:
-    """Validate every item of a batch before any transaction opens."""
-    if not isinstance(items, (list, tuple)):
-        raise invalid_argument(f"{field} must be a list")
-    normalized: list[T] = []
-    for index, item in enumerate(items):
-        try:
-            normalized.append(normalize(item))
-        except SchedulerKernelError as error:
-            with_index(error, index)
-            raise
-    return normalized
-
-
-def run_batch(tx: Tx, items: Sequence[T], operation: Callable[[Tx, T], Any]) -> list[Any]:
-    """Run ``operation`` for each item in order; a failure carries the item's index."""
-    results: list[Any] = []
-    for index, item in enumerate(items):
-        try:
-            results.append(operation(tx, item))
-        except SchedulerKernelError as error:
-            with_index(error, index)
-            raise
-    return results
+_job_texts: dict[tuple[str, str, str], tuple[str, str]] = {}
 
 
 class _JobCache:
@@ -129,109 +102,182 @@ class _JobCache:
     __slots__ = ("_jobs",)
 
     def __init__(self) -> None:
-        self._jobs: dict[str, tuple[Job, str, str]] = {}
+        self._jobs: dict[str, tuple[Any, str, str]] = {}
 
-    def get(self, tx: Tx, job_id: str) -> tuple[Job, str, str]:
-        """(job, canonical authority, canonical payload) of an existing, enabled job."""
+    def get(self, tx: Tx, job_id: str) -> tuple[Any, str, str]:
+        """(job row, canonical authority, canonical payload) of an existing, enabled job.
+
+        The seed maps the job (validating its stored JSON) and re-encodes authority and payload;
+        both depend only on the stored texts, so they are memoized by those texts.
+        """
         cached = self._jobs.get(job_id)
         if cached is not None:
             return cached
-        job = load_job(tx, job_id)
-        if job is None:
+        row = tx.first(_JOB, {"id": job_id})
+        if row is None:
             raise not_found("job", job_id)
-        if not job.enabled:
+        texts_key = (row.authority_json, row.payload_json, row.trigger_json)
+        texts = _job_texts.get(texts_key)
+        if texts is None:
+            job = map_job(row)
+            assert job is not None
+            texts = (
+                canonical_json(job.authority, "occurrence.authority"),
+                canonical_json(job.payload, "occurrence.payload"),
+            )
+            if len(_job_texts) >= 256:
+                _job_texts.clear()
+            _job_texts[texts_key] = texts
+        if row.enabled != 1:
             raise SchedulerKernelError("SCHEDULER_JOB_DISABLED", f"Scheduler job is disabled: {job_id}")
-        entry = (
-            job,
-            canonical_json(job.authority, "occurrence.authority"),
-            canonical_json(job.payload, "occurrence.payload"),
-        )
+        entry = (row, *texts)
         self._jobs[job_id] = entry
         return entry
 
 
-def enqueue_in(tx: Tx, request: EnqueueRequest, jobs: _JobCache | None = None) -> Occurrence:
-    """Insert the occurrence unless its identity exists; ``deduplicated`` tells which happened."""
-    job, authority_json, job_payload_json = (jobs or _JobCache()).get(tx, request.job_id)
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """An enqueue request with its job resolved (or the job's error, raised in order)."""
+
+    request: EnqueueRequest
+    values: dict[str, Any] | None
+    error: SchedulerKernelError | None
+
+
+def _plan(tx: Tx, request: EnqueueRequest, jobs: _JobCache) -> dict[str, Any]:
+    """The occurrence row an enqueue would insert (identity derived from the job's revision)."""
+    job, authority_json, job_payload_json = jobs.get(tx, request.job_id)
     identity = derive_occurrence_identity(
         job_id=request.job_id,
         job_revision=job.revision,
         scheduled_for=request.scheduled_for,
         trigger_key=request.trigger_key,
     )
-    payload_json = job_payload_json if request.payload_json is None else request.payload_json
-    inserted = tx.first(
-        _INSERT,
-        {
-            "occurrence_id": identity.occurrence_id,
-            "job_id": request.job_id,
-            "job_revision": job.revision,
-            "idempotency_key": identity.idempotency_key,
-            "trigger_key": request.trigger_key,
-            "scheduled_for": request.scheduled_for,
-            "available_at": request.available_at,
-            "status": "queued",
-            "attempt": 0,
-            "max_attempts": job.max_attempts,
-            "fence": 0,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "authority_json": authority_json,
-            "payload_json": payload_json,
-            "last_error_json": None,
-            "result_json": None,
-            "created_at": tx.now,
-            "updated_at": tx.now,
-            "settled_at": None,
-        },
-    )
-    row = inserted if inserted is not None else tx.first(_BY_KEY, {"key": identity.idempotency_key})
-    if row is None or row.occurrence_id != identity.occurrence_id:
+    return {
+        "occurrence_id": identity.occurrence_id,
+        "job_id": request.job_id,
+        "job_revision": job.revision,
+        "idempotency_key": identity.idempotency_key,
+        "trigger_key": request.trigger_key,
+        "scheduled_for": request.scheduled_for,
+        "available_at": request.available_at,
+        "status": QUEUED,
+        "attempt": 0,
+        "max_attempts": job.max_attempts,
+        "fence": 0,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "authority_json": authority_json,
+        "payload_json": job_payload_json if request.payload_json is None else request.payload_json,
+        "last_error_json": None,
+        "result_json": None,
+        "created_at": tx.now,
+        "updated_at": tx.now,
+        "settled_at": None,
+    }
+
+
+def _check_existing(existing: Any, values: dict[str, Any]) -> None:
+    """The stored row of an identity must be that identity, with the same payload."""
+    if existing is None or existing["occurrence_id"] != values["occurrence_id"]:
         raise data_corrupt("Occurrence idempotency identity does not match stored data")
-    if row.payload_json != payload_json:
+    if existing["payload_json"] != values["payload_json"]:
         raise SchedulerKernelError(
             "SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH",
             "Occurrence idempotency identity was reused with a different payload",
-            {"jobId": request.job_id, "triggerKey": request.trigger_key},
+            {"jobId": values["job_id"], "triggerKey": values["trigger_key"]},
         )
+
+
+def _enqueued(events: EventLog, values: dict[str, Any]) -> None:
+    events.add(
+        job_id=values["job_id"],
+        occurrence_id=values["occurrence_id"],
+        type="occurrence_enqueued",
+        data={
+            "jobRevision": values["job_revision"],
+            "scheduledFor": values["scheduled_for"],
+            "triggerKey": values["trigger_key"],
+        },
+    )
+
+
+def enqueue_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
+    """Insert the occurrence unless its identity exists; ``deduplicated`` tells which happened."""
+    values = _plan(tx, request, _JobCache())
+    inserted = tx.first(_INSERT_RETURNING, values)
     if inserted is not None:
-        tx.append_event(
-            job_id=request.job_id,
-            occurrence_id=identity.occurrence_id,
-            type="occurrence_enqueued",
-            data={
-                "jobRevision": job.revision,
-                "scheduledFor": request.scheduled_for,
-                "triggerKey": request.trigger_key,
-            },
-        )
-    occurrence = map_occurrence(row, deduplicated=inserted is None)
-    assert occurrence is not None
-    return occurrence
+        events = EventLog(tx)
+        _enqueued(events, values)
+        events.flush(tx)
+        return occurrence_record(inserted, deduplicated=False)
+    existing = tx.first(_BY_KEY, {"key": values["idempotency_key"]})
+    _check_existing(None if existing is None else existing._mapping, values)
+    assert existing is not None
+    return occurrence_record(existing, deduplicated=True)
+
+
+def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurrence]:
+    """``enqueue_in`` for each request in order: one lookup of existing identities, one insert."""
+    jobs = _JobCache()
+    planned: list[_Planned] = []
+    for request in requests:
+        try:
+            planned.append(_Planned(request, _plan(tx, request, jobs), None))
+        except SchedulerKernelError as error:  # raised when its turn comes, after earlier items
+            planned.append(_Planned(request, None, error))
+    keys = list(dict.fromkeys(item.values["idempotency_key"] for item in planned if item.values))
+    stored: dict[str, Mapping[Any, Any]] = {
+        row.idempotency_key: row._mapping
+        for chunk in chunks(keys)
+        for row in tx.execute(_BY_KEYS, {"keys": list(chunk)}).all()
+    }
+    events = EventLog(tx)
+    inserts: list[dict[str, Any]] = []
+    results: list[Occurrence] = []
+    for index, item in enumerate(planned):
+        try:
+            if item.values is None:
+                assert item.error is not None
+                raise item.error
+            existing = stored.get(item.values["idempotency_key"])
+            if existing is not None:
+                _check_existing(existing, item.values)
+                results.append(occurrence_record(existing, deduplicated=True))
+                continue
+            stored[item.values["idempotency_key"]] = item.values
+            inserts.append(item.values)
+            _enqueued(events, item.values)
+            results.append(occurrence_record(item.values, deduplicated=False))
+        except SchedulerKernelError as error:
+            with_index(error, index)
+            raise
+    if inserts and tx.changes(_INSERT, inserts) != len(inserts):
+        raise data_corrupt("Occurrence idempotency identity does not match stored data")
+    events.flush(tx)
+    return results
 
 
 def list_by_trigger(tx: Tx, job_id: str, trigger_key: str, limit: int) -> list[Occurrence]:
-    rows = tx.execute(_BY_TRIGGER, {"job_id": job_id, "trigger_key": trigger_key, "limit": limit})
-    return [occurrence for occurrence in map(map_occurrence, rows) if occurrence is not None]
+    rows = tx.execute(_BY_TRIGGER, {"job_id": job_id, "trigger_key": trigger_key, "limit": limit}).all()
+    return [occurrence_record(row) for row in rows]
 
 
 def enqueue_once_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     """Return any earlier occurrence of the job + trigger (no payload check), else enqueue."""
     prior = tx.execute(
         _BY_TRIGGER, {"job_id": request.job_id, "trigger_key": request.trigger_key, "limit": 2}
-    )
-    rows = prior.all()
-    if len(rows) > 1:
+    ).all()
+    if len(prior) > 1:
         raise data_corrupt("Multiple occurrences exist for a unique job trigger")
-    if rows:
-        occurrence = map_occurrence(rows[0], deduplicated=True)
-        assert occurrence is not None
-        return occurrence
+    if prior:
+        return occurrence_record(prior[0], deduplicated=True)
     return enqueue_in(tx, request)
 
 
 def load_occurrence(tx: Tx, occurrence_id: str) -> Occurrence | None:
-    return map_occurrence(tx.first(_BY_ID, {"id": occurrence_id}))
+    row = tx.first(_BY_ID, {"id": occurrence_id})
+    return None if row is None else occurrence_record(row)
 
 
 class OccurrenceOperations(StoreBase):
@@ -291,9 +337,4 @@ class OccurrenceOperations(StoreBase):
         if not normalized:
             self._assert_open()
             return []
-
-        def operation(tx: Tx) -> list[Occurrence]:
-            jobs = _JobCache()
-            return run_batch(tx, normalized, lambda inner, request: enqueue_in(inner, request, jobs))
-
-        return self._write(operation)
+        return self._write(lambda tx: enqueue_batch_in(tx, normalized))

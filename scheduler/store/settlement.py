@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Row, and_, bindparam, select, update
+from sqlalchemy import and_, bindparam, select, update
 
 from scheduler.contract.canonical import JSON, canonical_json, normalize_and_encode_json
 from scheduler.contract.constants import DEAD_LETTER, RETRY_WAIT, RUNNING, SUCCEEDED
@@ -18,8 +18,14 @@ from scheduler.contract.scalars import (
     normalize_identifier,
 )
 from scheduler.schema import tables as t
+from scheduler.store.occurrence_rows import (
+    EventLog,
+    chunks,
+    occurrence_record,
+    reject_unknown_fields,
+    with_index,
+)
 from scheduler.store.records import Occurrence
-from scheduler.store.rows import map_occurrence
 from scheduler.store.session import Tx
 
 DEFAULT_ERROR: Final = {"code": "execution_failed", "message": "Execution failed"}
@@ -42,24 +48,22 @@ _c = t.occurrence_controls
 _res = t.authority_reservations
 _adj = t.adjudications
 
-_CURRENT: Final = (
-    select(
-        _o,
-        _c.c.state.label("control_state"),
-        _c.c.expected_fence.label("control_expected_fence"),
-        _res.c.status.label("reservation_status"),
-        _res.c.policy_revision.label("reservation_policy_revision"),
-        _res.c.units.label("reservation_units"),
-        _adj.c.status.label("adjudication_status"),
-        _adj.c.request_id.label("adjudication_request_id"),
-    )
-    .select_from(
-        _o.outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
-        .outerjoin(_res, _res.c.occurrence_id == _o.c.occurrence_id)
-        .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
-    )
-    .where(_o.c.occurrence_id == bindparam("p_id"))
+_CURRENT_ROWS: Final = select(
+    _o,
+    _c.c.state.label("control_state"),
+    _c.c.expected_fence.label("control_expected_fence"),
+    _res.c.status.label("reservation_status"),
+    _res.c.policy_revision.label("reservation_policy_revision"),
+    _res.c.units.label("reservation_units"),
+    _adj.c.status.label("adjudication_status"),
+    _adj.c.request_id.label("adjudication_request_id"),
+).select_from(
+    _o.outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
+    .outerjoin(_res, _res.c.occurrence_id == _o.c.occurrence_id)
+    .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
 )
+_CURRENT: Final = _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
+_CURRENT_MANY: Final = _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
 _SETTLE: Final = (
     update(_o)
     .where(
@@ -81,7 +85,6 @@ _SETTLE: Final = (
         updated_at=bindparam("p_now"),
         settled_at=bindparam("p_settled"),
     )
-    .returning(*_o.c)
 )
 _REBIND_RESUMED: Final = (
     update(_c)
@@ -189,29 +192,32 @@ def normalize_settle(
 
 def normalize_settle_mapping(settlement: Any) -> SettleRequest:
     """One ``settle_many`` item: a dict of ``settle`` keyword arguments."""
-    if not isinstance(settlement, Mapping):
-        raise invalid_argument("settlement must be a dict")
-    unknown = sorted(str(key) for key in settlement if key not in SETTLE_FIELDS)
-    if unknown:
-        raise invalid_argument("settlement contains unknown fields", {"fields": unknown})
-    arguments = {"occurrence_id": None, "owner_id": None, "fence": None, "outcome": None, **settlement}
+    fields = reject_unknown_fields(settlement, SETTLE_FIELDS, "settlement")
+    arguments = {"occurrence_id": None, "owner_id": None, "fence": None, "outcome": None, **fields}
     return normalize_settle(**arguments)
 
 
-def _lease_held(row: Row[Any] | None, request: SettleRequest, now: int) -> bool:
-    return (
-        row is not None
-        and row.status == RUNNING
-        and row.lease_owner == request.owner_id
-        and row.fence == request.fence
-        and row.lease_expires_at > now
+def lease_lost(occurrence_id: str) -> SchedulerKernelError:
+    return SchedulerKernelError(
+        "SCHEDULER_LEASE_LOST",
+        f"Occurrence lease is absent, expired, or owned by another fence: {occurrence_id}",
     )
 
 
-def _settle_control(tx: Tx, current: Row[Any], status: str, fence: int) -> bool:
+def _lease_held(row: Mapping[str, Any] | None, request: SettleRequest, now: int) -> bool:
+    return (
+        row is not None
+        and row["status"] == RUNNING
+        and row["lease_owner"] == request.owner_id
+        and row["fence"] == request.fence
+        and row["lease_expires_at"] > now
+    )
+
+
+def _settle_control(tx: Tx, current: Mapping[str, Any], status: str, fence: int) -> bool:
     """Rebind a resumed control to the next claim on retry, or terminalize it; True if terminalized."""
-    state = current.control_state
-    params = {"p_id": current.occurrence_id, "p_now": tx.now}
+    state = current["control_state"]
+    params = {"p_id": current["occurrence_id"], "p_now": tx.now}
     if status == RETRY_WAIT and state == "resumed":
         tx.execute(_REBIND_RESUMED, {**params, "p_fence": fence, "p_next_fence": fence + 1})
         return False
@@ -220,11 +226,11 @@ def _settle_control(tx: Tx, current: Row[Any], status: str, fence: int) -> bool:
     return False
 
 
-def _settle_reservation(tx: Tx, current: Row[Any], status: str, outcome: dict[str, Any]) -> None:
-    if current.reservation_status != "reserved" or status == RETRY_WAIT:
+def _settle_reservation(tx: Tx, current: Mapping[str, Any], status: str, outcome: dict[str, Any]) -> None:
+    if current["reservation_status"] != "reserved" or status == RETRY_WAIT:
         return
     params = {
-        "p_id": current.occurrence_id,
+        "p_id": current["occurrence_id"],
         "p_status": "succeeded" if status == SUCCEEDED else "failed",
         "p_outcome": canonical_json(outcome, "authoritySettlement"),
         "p_now": tx.now,
@@ -232,101 +238,154 @@ def _settle_reservation(tx: Tx, current: Row[Any], status: str, outcome: dict[st
     if tx.changes(_SETTLE_RESERVATION, params) != 1:
         raise SchedulerKernelError(
             "SCHEDULER_AUTHORITY_SETTLEMENT_CONFLICT",
-            f"Scheduler authority reservation could not be settled: {current.occurrence_id}",
+            f"Scheduler authority reservation could not be settled: {current['occurrence_id']}",
         )
 
 
-def _settle_adjudication(tx: Tx, current: Row[Any], status: str, outcome: dict[str, Any]) -> None:
-    if current.adjudication_status != "pending" or status == RETRY_WAIT:
+def _settle_adjudication(tx: Tx, current: Mapping[str, Any], status: str, outcome: dict[str, Any]) -> None:
+    if current["adjudication_status"] != "pending" or status == RETRY_WAIT:
         return
     params = {
-        "p_id": current.occurrence_id,
+        "p_id": current["occurrence_id"],
         "p_outcome": canonical_json(outcome, "adjudication.retryOutcome"),
         "p_now": tx.now,
     }
     if tx.changes(_APPLY_ADJUDICATION, params) != 1:
         raise SchedulerKernelError(
             "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
-            f"Scheduler adjudication could not be settled: {current.occurrence_id}",
+            f"Scheduler adjudication could not be settled: {current['occurrence_id']}",
         )
 
 
-def _next_state(current: Row[Any], request: SettleRequest, now: int) -> tuple[str, str, int, int | None]:
+def _next_state(
+    current: Mapping[str, Any], request: SettleRequest, now: int
+) -> tuple[str, str, int, int | None]:
     """(status, event type, available_at, settled_at) after the settlement."""
     if request.succeeded:
-        return SUCCEEDED, "occurrence_succeeded", current.available_at, now
-    if request.retryable and current.attempt < current.max_attempts:
+        return SUCCEEDED, "occurrence_succeeded", current["available_at"], now
+    if request.retryable and current["attempt"] < current["max_attempts"]:
         available = now if request.retry_at is None else max(now, request.retry_at)
         return RETRY_WAIT, "occurrence_retry_scheduled", available, None
-    return DEAD_LETTER, "occurrence_dead_lettered", current.available_at, now
+    return DEAD_LETTER, "occurrence_dead_lettered", current["available_at"], now
+
+
+def _event_data(
+    current: Mapping[str, Any], status: str, available: int, pending_adjudication: bool, terminalized: bool
+) -> dict[str, Any]:
+    data: dict[str, Any] = {"attempt": current["attempt"], "maxAttempts": current["max_attempts"]}
+    if current["reservation_status"] is not None:
+        data["authorityPolicyRevision"] = current["reservation_policy_revision"]
+        data["authorityUnits"] = current["reservation_units"]
+    if status == RETRY_WAIT:
+        data["retryAt"] = available
+    if pending_adjudication:
+        data["adjudicationRequestId"] = current["adjudication_request_id"]
+    if terminalized:
+        data["runtimeControlTerminalized"] = True
+    return data
+
+
+class _Settlements:
+    """The settlements of one transaction: rows read once, one UPDATE and one event insert at the end."""
+
+    def __init__(self, tx: Tx, requests: Sequence[SettleRequest]) -> None:
+        self.tx = tx
+        ids = list(dict.fromkeys(request.occurrence_id for request in requests))
+        if len(ids) == 1:
+            rows = tx.execute(_CURRENT, {"p_id": ids[0]}).all()
+        else:
+            rows = [
+                row
+                for chunk in chunks(ids)
+                for row in tx.execute(_CURRENT_MANY, {"p_ids": list(chunk)}).all()
+            ]
+        self.current: dict[str, dict[str, Any]] = {row.occurrence_id: dict(row._mapping) for row in rows}
+        self.updates: list[dict[str, Any]] = []
+        self.events = EventLog(tx)
+
+    def settle(self, request: SettleRequest) -> Occurrence:
+        """Settle one attempt (seed: settle's transaction body); the row write is deferred."""
+        tx, now, identifier = self.tx, self.tx.now, request.occurrence_id
+        current = self.current.get(identifier)
+        if current is None or not _lease_held(current, request, now):
+            raise lease_lost(identifier)
+        pending_adjudication = current["adjudication_status"] == "pending"
+        if (
+            request.adjudication_request_id is not None
+            and pending_adjudication
+            and current["adjudication_request_id"] != request.adjudication_request_id
+        ):
+            raise SchedulerKernelError(
+                "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
+                f"Scheduler adjudication request does not match settlement: {identifier}",
+            )
+        status, event_type, available, settled = _next_state(current, request, now)
+        changes = {
+            "status": status,
+            "available_at": available,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "last_error_json": None if request.succeeded else request.error_json,
+            "result_json": request.result_json,
+            "updated_at": now,
+            "settled_at": settled,
+        }
+        self.updates.append(
+            {
+                "p_id": identifier,
+                "p_owner": request.owner_id,
+                "p_fence": request.fence,
+                "p_now": now,
+                "p_status": status,
+                "p_available": available,
+                "p_error": changes["last_error_json"],
+                "p_result": request.result_json,
+                "p_settled": settled,
+            }
+        )
+        terminalized = _settle_control(tx, current, status, request.fence)
+        outcome: dict[str, Any] = (
+            {"status": status, "result": request.result}
+            if request.succeeded
+            else {"status": status, "error": request.error}
+        )
+        _settle_reservation(tx, current, status, outcome)
+        _settle_adjudication(tx, current, status, outcome)
+        self.events.add(
+            job_id=current["job_id"],
+            occurrence_id=identifier,
+            type=event_type,
+            owner_id=request.owner_id,
+            fence=request.fence,
+            data=_event_data(current, status, available, pending_adjudication, terminalized),
+        )
+        settled_row = {**current, **changes}
+        self.current[identifier] = settled_row
+        return occurrence_record(settled_row)
+
+    def write(self) -> None:
+        if self.updates and self.tx.changes(_SETTLE, self.updates) != len(self.updates):
+            raise lease_lost(self.updates[0]["p_id"])
+        self.events.flush(self.tx)
 
 
 def settle_in(tx: Tx, request: SettleRequest) -> Occurrence:
     """Settle the caller's live lease (``SCHEDULER_LEASE_LOST`` for a stale owner, fence or lease)."""
-    now = tx.now
-    identifier = request.occurrence_id
-    current = tx.first(_CURRENT, {"p_id": identifier})
-    if current is None or not _lease_held(current, request, now):
-        raise SchedulerKernelError(
-            "SCHEDULER_LEASE_LOST",
-            f"Occurrence lease is absent, expired, or owned by another fence: {identifier}",
-        )
-    pending_adjudication = current.adjudication_status == "pending"
-    if (
-        request.adjudication_request_id is not None
-        and pending_adjudication
-        and current.adjudication_request_id != request.adjudication_request_id
-    ):
-        raise SchedulerKernelError(
-            "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
-            f"Scheduler adjudication request does not match settlement: {identifier}",
-        )
-    status, event_type, available, settled = _next_state(current, request, now)
-    updated = tx.first(
-        _SETTLE,
-        {
-            "p_id": identifier,
-            "p_owner": request.owner_id,
-            "p_fence": request.fence,
-            "p_now": now,
-            "p_status": status,
-            "p_available": available,
-            "p_error": None if request.succeeded else request.error_json,
-            "p_result": request.result_json,
-            "p_settled": settled,
-        },
-    )
-    if updated is None:
-        raise SchedulerKernelError(
-            "SCHEDULER_LEASE_LOST",
-            f"Occurrence lease is absent, expired, or owned by another fence: {identifier}",
-        )
-    terminalized = _settle_control(tx, current, status, request.fence)
-    outcome: dict[str, Any] = (
-        {"status": status, "result": request.result}
-        if request.succeeded
-        else {"status": status, "error": request.error}
-    )
-    _settle_reservation(tx, current, status, outcome)
-    _settle_adjudication(tx, current, status, outcome)
-    data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
-    if current.reservation_status is not None:
-        data["authorityPolicyRevision"] = current.reservation_policy_revision
-        data["authorityUnits"] = current.reservation_units
-    if status == RETRY_WAIT:
-        data["retryAt"] = available
-    if pending_adjudication:
-        data["adjudicationRequestId"] = current.adjudication_request_id
-    if terminalized:
-        data["runtimeControlTerminalized"] = True
-    tx.append_event(
-        job_id=current.job_id,
-        occurrence_id=identifier,
-        type=event_type,
-        owner_id=request.owner_id,
-        fence=request.fence,
-        data=data,
-    )
-    occurrence = map_occurrence(updated)
-    assert occurrence is not None
+    settlements = _Settlements(tx, [request])
+    occurrence = settlements.settle(request)
+    settlements.write()
     return occurrence
+
+
+def settle_many_in(tx: Tx, requests: Sequence[SettleRequest]) -> list[Occurrence]:
+    """``settle_in`` for each request in order; a failure carries the item's index."""
+    settlements = _Settlements(tx, requests)
+    results: list[Occurrence] = []
+    for index, request in enumerate(requests):
+        try:
+            results.append(settlements.settle(request))
+        except SchedulerKernelError as error:
+            with_index(error, index)
+            raise
+    settlements.write()
+    return results

@@ -1,0 +1,198 @@
+"""Write transactions: one BEGIN IMMEDIATE per write, store.transaction(), and the caller-owned
+transaction of SchedulerStore.on_connection (transactional outbox)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lifecycle_support import AUTHORITY, T0, Env, env_at, expect_error
+from sqlalchemy import Connection, create_engine, event, text
+
+from scheduler import SchedulerStore, open_store
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    with env_at(tmp_path) as environment:
+        environment.job("agenda-a")
+        yield environment
+
+
+def statements_of(connection: Connection, call: Any) -> list[str]:
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(" ".join(statement.split()).upper())
+
+    event.listen(connection, "before_cursor_execute", record)
+    try:
+        call()
+    finally:
+        event.remove(connection, "before_cursor_execute", record)
+    return seen
+
+
+def test_every_lifecycle_write_is_one_begin_immediate(env: Env) -> None:
+    store = env.store
+    connection = store.connection
+    commits: list[int] = []
+    event.listen(connection, "commit", lambda conn: commits.append(1))
+    occurrence = env.enqueue(trigger_key="w")
+    calls = [
+        lambda: store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="x"),
+        lambda: store.enqueue_occurrence_once_per_trigger(
+            job_id="agenda-a", scheduled_for=T0, trigger_key="y"
+        ),
+        lambda: store.enqueue_many([{"job_id": "agenda-a", "scheduled_for": T0, "trigger_key": "z"}]),
+        lambda: store.claim_occurrence(occurrence_id=occurrence.id, owner_id="w", lease_ms=60_000),
+        lambda: store.renew(occurrence_id=occurrence.id, owner_id="w", fence=1, lease_ms=60_000),
+        lambda: store.settle(occurrence_id=occurrence.id, owner_id="w", fence=1, outcome="failed"),
+        lambda: store.claim_next(owner_id="w", lease_ms=60_000),
+        lambda: store.claim_batch(owner_id="w", lease_ms=60_000, limit=5),
+    ]
+    for call in calls:
+        commits.clear()
+        seen = statements_of(connection, call)
+        assert seen[0] == "BEGIN IMMEDIATE"
+        assert seen.count("BEGIN IMMEDIATE") == 1
+        assert not any(s.startswith(("BEGIN", "COMMIT", "SAVEPOINT")) for s in seen[1:])
+        assert commits == [1]
+    for read in (
+        lambda: store.history(),
+        lambda: store.list_dead_letters(),
+        lambda: store.get_occurrence(occurrence.id),
+        lambda: store.list_occurrences_by_trigger(job_id="agenda-a", trigger_key="x"),
+    ):
+        seen = statements_of(connection, read)
+        assert seen[0] == "BEGIN" and "BEGIN IMMEDIATE" not in seen
+
+
+def test_a_failed_write_leaves_nothing_behind(env: Env) -> None:
+    occurrence = env.running()
+    env.adjudication(occurrence, "adj-1")
+    before = env.dump()
+    # the mismatch is detected after the claim bookkeeping was read: nothing may survive
+    expect_error(
+        "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
+        lambda: env.store.settle(
+            occurrence_id=occurrence.id,
+            owner_id="w1",
+            fence=1,
+            outcome="succeeded",
+            adjudication_request_id="x",
+        ),
+    )
+    assert env.dump() == before
+    assert env.store.connection.connection.dbapi_connection.in_transaction is False  # type: ignore[union-attr]
+
+
+def test_store_transaction_commits_together(env: Env) -> None:
+    env.tick()
+    with env.store.transaction() as tx:
+        first = tx.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="a")
+        claimed = tx.claim_next(owner_id="w", lease_ms=60_000)
+        assert claimed is not None and claimed.id == first.id
+        assert env.sql("SELECT count(*) FROM occurrences") == [(0,)]  # not visible outside yet
+    assert env.store.get_occurrence(first.id).status == "running"  # type: ignore[union-attr]
+    assert env.sql("SELECT count(*) FROM occurrences") == [(1,)]
+
+
+def test_store_transaction_rolls_back_together(env: Env) -> None:
+    before = env.dump()
+    with pytest.raises(RuntimeError), env.store.transaction() as tx:
+        tx.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="a")
+        tx.claim_next(owner_id="w", lease_ms=60_000)
+        raise RuntimeError("application failure")
+    assert env.dump() == before
+    # the store is usable afterwards
+    assert env.enqueue(trigger_key="after").deduplicated is False
+
+
+def test_failed_call_inside_store_transaction_keeps_earlier_calls(env: Env) -> None:
+    with env.store.transaction() as tx:
+        kept = tx.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="kept")
+        expect_error(
+            "SCHEDULER_NOT_FOUND",
+            lambda: tx.enqueue_occurrence(job_id="nope", scheduled_for=T0, trigger_key="x"),
+        )
+    assert env.store.get_occurrence(kept.id) is not None
+    assert len(env.rows("occurrences")) == 1
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Iterator[tuple[Path, Any]]:
+    path = tmp_path / "outbox.sqlite"
+    opened = open_store(path, clock=lambda: T0)
+    opened.create_job(id="agenda-a", kind="agenda", authority=AUTHORITY)
+    opened.close()
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE app_orders (id INTEGER PRIMARY KEY, note TEXT NOT NULL)"))
+    try:
+        yield path, engine
+    finally:
+        engine.dispose()
+
+
+def count(path: Path, table: str) -> int:
+    connection = sqlite3.connect(path)
+    try:
+        return int(connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    finally:
+        connection.close()
+
+
+def test_on_connection_commits_with_the_callers_transaction(outbox: tuple[Path, Any]) -> None:
+    path, engine = outbox
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO app_orders (note) VALUES ('paid')"))
+        store = SchedulerStore.on_connection(connection, clock=lambda: T0 + 5)
+        occurrence = store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="order-1")
+        claimed = store.claim_next(owner_id="w", lease_ms=1000)
+        assert claimed is not None and claimed.id == occurrence.id
+        assert count(path, "occurrences") == 0  # the store did not commit the caller's transaction
+        assert connection.in_transaction()
+    assert count(path, "app_orders") == 1
+    assert count(path, "occurrences") == 1
+    assert count(path, "events") == 3  # job_created, occurrence_enqueued, occurrence_claimed
+
+
+def test_on_connection_rolls_back_with_the_callers_transaction(outbox: tuple[Path, Any]) -> None:
+    path, engine = outbox
+    with pytest.raises(RuntimeError), engine.begin() as connection:
+        connection.execute(text("INSERT INTO app_orders (note) VALUES ('paid')"))
+        store = SchedulerStore.on_connection(connection, clock=lambda: T0 + 5)
+        store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="order-1")
+        raise RuntimeError("the application changed its mind")
+    assert count(path, "app_orders") == 0
+    assert count(path, "occurrences") == 0
+    assert count(path, "events") == 1
+
+
+def test_on_connection_failed_call_leaves_the_callers_work_intact(outbox: tuple[Path, Any]) -> None:
+    path, engine = outbox
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO app_orders (note) VALUES ('paid')"))
+        store = SchedulerStore.on_connection(connection, clock=lambda: T0 + 5)
+        store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="order-1", payload={"v": 1})
+        expect_error(
+            "SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH",
+            lambda: store.enqueue_many(
+                [
+                    {"job_id": "agenda-a", "scheduled_for": T0, "trigger_key": "order-2"},
+                    {
+                        "job_id": "agenda-a",
+                        "scheduled_for": T0,
+                        "trigger_key": "order-1",
+                        "payload": {"v": 2},
+                    },
+                ]
+            ),
+        )
+        connection.execute(text("INSERT INTO app_orders (note) VALUES ('second')"))
+    assert count(path, "app_orders") == 2
+    assert count(path, "occurrences") == 1  # order-2 was rolled back with its batch
