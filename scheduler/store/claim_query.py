@@ -22,7 +22,6 @@ from typing import Any, Final
 
 from sqlalchemy import (
     CompoundSelect,
-    Row,
     Select,
     and_,
     bindparam,
@@ -39,6 +38,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.dialect import json_text_field
+from scheduler.store.fastpath import Prepared, StoredRow
 
 SWEEP_LIMIT: Final = 100
 PAUSE_REQUESTED: Final = "pause_requested"
@@ -171,6 +171,15 @@ def claim_next_statement(job_kind: str | None, workspace_id: str | None) -> Comp
     return _CLAIM_NEXT[(job_kind is not None, workspace_id is not None)]
 
 
+_CLAIM_NEXT_PREPARED: Final = {key: Prepared(statement) for key, statement in _CLAIM_NEXT.items()}
+CLAIM_OCCURRENCE_PREPARED: Final = Prepared(CLAIM_OCCURRENCE)
+
+
+def claim_next_prepared(job_kind: str | None, workspace_id: str | None) -> Prepared:
+    """``claim_next_statement`` for execution through ``Tx`` (the compile-once fast path)."""
+    return _CLAIM_NEXT_PREPARED[(job_kind is not None, workspace_id is not None)]
+
+
 def claim_next_params(now: int, limit: int, job_kind: str | None, workspace_id: str | None) -> dict[str, Any]:
     params: dict[str, Any] = {"now": now, "arm_limit": limit}
     if job_kind is not None:
@@ -183,13 +192,13 @@ def claim_next_params(now: int, limit: int, job_kind: str | None, workspace_id: 
 # ----------------------------------------------------------------- row predicates (seed logic)
 
 
-def sort_key(row: Row[Any]) -> tuple[int, int, str]:
+def sort_key(row: StoredRow) -> tuple[int, int, str]:
     """The seed's ORDER BY: lease expiry for running rows, availability otherwise."""
     first = row.lease_expires_at if row.status == RUNNING else row.available_at
     return (first, row.scheduled_for, row.occurrence_id)
 
 
-def attempts_allow(row: Row[Any]) -> bool:
+def attempts_allow(row: StoredRow) -> bool:
     """Attempts left, or a claim that does not count one (pause/resume control, requeue)."""
     return (
         row.attempt < row.max_attempts
@@ -198,7 +207,7 @@ def attempts_allow(row: Row[Any]) -> bool:
     )
 
 
-def keeps_attempt(row: Row[Any]) -> bool:
+def keeps_attempt(row: StoredRow) -> bool:
     """The claim's attempt increment is 0 (seed: the CASE in the claim UPDATE)."""
     state = row.control_state
     return (
@@ -208,12 +217,12 @@ def keeps_attempt(row: Row[Any]) -> bool:
     )
 
 
-def sweepable(row: Row[Any]) -> bool:
+def sweepable(row: StoredRow) -> bool:
     """An expired final attempt the sweep dead-letters (not while a pause/resume is pending)."""
     return row.attempt >= row.max_attempts and row.control_state not in ATTEMPT_NEUTRAL_CONTROLS
 
 
-def claimable(row: Row[Any], now: int) -> bool:
+def claimable(row: StoredRow, now: int) -> bool:
     """The seed's claim eligibility of one row (claimOccurrence's check)."""
     state = row.control_state
     if not row.job_ok or not attempts_allow(row) or state == PAUSED:
@@ -234,11 +243,11 @@ class ClaimPlan:
 
     __slots__ = ("_done", "_queued", "_retrying", "_running", "_sweep", "target")
 
-    def __init__(self, rows: Iterable[Row[Any]], now: int) -> None:
-        expired: list[Row[Any]] = []
-        self._queued: deque[Row[Any]] = deque()
-        self._retrying: deque[Row[Any]] = deque()
-        self.target: Row[Any] | None = None
+    def __init__(self, rows: Iterable[StoredRow], now: int) -> None:
+        expired: list[StoredRow] = []
+        self._queued: deque[StoredRow] = deque()
+        self._retrying: deque[StoredRow] = deque()
+        self.target: StoredRow | None = None
         for row in rows:
             if row.arm == ARM_EXPIRED:
                 expired.append(row)
@@ -253,9 +262,9 @@ class ClaimPlan:
         self._running = deque(sorted((row for row in expired if claimable(row, now)), key=sort_key))
         self._done: set[str] = set()
 
-    def next_sweep(self) -> list[Row[Any]]:
+    def next_sweep(self) -> list[StoredRow]:
         """The next (at most 100) expired final attempts to dead-letter."""
-        batch: list[Row[Any]] = []
+        batch: list[StoredRow] = []
         while self._sweep and len(batch) < SWEEP_LIMIT:
             row = self._sweep.popleft()
             if row.occurrence_id not in self._done:
@@ -263,7 +272,7 @@ class ClaimPlan:
                 self._done.add(row.occurrence_id)
         return batch
 
-    def next_candidate(self) -> Row[Any] | None:
+    def next_candidate(self) -> StoredRow | None:
         """The next occurrence to claim, or ``None``."""
         while self._running and self._running[0].occurrence_id in self._done:
             self._running.popleft()

@@ -2,45 +2,59 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import Select, select
+from sqlalchemy import bindparam, select
 
 from scheduler.contract.constants import DEAD_LETTER, DEFAULT_HISTORY_LIMIT
 from scheduler.contract.scalars import normalize_history_limit, normalize_identifier
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Event, Occurrence
 from scheduler.store.rows import map_event
 from scheduler.store.session import Tx
 
 
-def history_query(occurrence_id: str | None, job_id: str | None, limit: int) -> Select[Any]:
-    """Events matching the given filters, newest first."""
+def _history(by_occurrence: bool, by_job: bool) -> Prepared:
+    """Events matching the given filters, newest first (params: occurrence_id, job_id, limit)."""
     query = select(t.events)
-    if occurrence_id is not None:
-        query = query.where(t.events.c.occurrence_id == occurrence_id)
-    if job_id is not None:
-        query = query.where(t.events.c.job_id == job_id)
-    return query.order_by(t.events.c.event_id.desc()).limit(limit)
+    if by_occurrence:
+        query = query.where(t.events.c.occurrence_id == bindparam("occurrence_id"))
+    if by_job:
+        query = query.where(t.events.c.job_id == bindparam("job_id"))
+    return Prepared(query.order_by(t.events.c.event_id.desc()).limit(bindparam("limit")))
 
 
-def dead_letter_query(job_id: str | None, limit: int) -> Select[Any]:
-    """Dead letters, most recently settled first."""
+def _dead_letters(by_job: bool) -> Prepared:
+    """Dead letters, most recently settled first (params: job_id, limit)."""
     o = t.occurrences
     query = select(o).where(o.c.status == DEAD_LETTER)
-    if job_id is not None:
-        query = query.where(o.c.job_id == job_id)
-    return query.order_by(o.c.settled_at.desc(), o.c.occurrence_id).limit(limit)
+    if by_job:
+        query = query.where(o.c.job_id == bindparam("job_id"))
+    return Prepared(query.order_by(o.c.settled_at.desc(), o.c.occurrence_id).limit(bindparam("limit")))
 
 
-def read_events(tx: Tx, query: Select[Any]) -> list[Event]:
-    return [map_event(row) for row in tx.execute(query).all()]
+_HISTORY: Final = {
+    (occurrence, job): _history(occurrence, job) for occurrence in (False, True) for job in (False, True)
+}
+_DEAD_LETTERS: Final = {job: _dead_letters(job) for job in (False, True)}
 
 
-def read_occurrences(tx: Tx, query: Select[Any]) -> list[Occurrence]:
-    return [occurrence_record(row) for row in tx.execute(query).all()]
+def read_events(tx: Tx, occurrence_id: str | None, job_id: str | None, limit: int) -> list[Event]:
+    query = _HISTORY[(occurrence_id is not None, job_id is not None)]
+    rows = tx.all(query, _params(limit, occurrence_id=occurrence_id, job_id=job_id))
+    return [map_event(row) for row in rows]
+
+
+def read_dead_letters(tx: Tx, job_id: str | None, limit: int) -> list[Occurrence]:
+    rows = tx.all(_DEAD_LETTERS[job_id is not None], _params(limit, job_id=job_id))
+    return [occurrence_record(row) for row in rows]
+
+
+def _params(limit: int, **filters: str | None) -> dict[str, Any]:
+    return {"limit": limit, **{key: value for key, value in filters.items() if value is not None}}
 
 
 class HistoryOperations(StoreBase):
@@ -57,8 +71,7 @@ class HistoryOperations(StoreBase):
         bounded = normalize_history_limit(limit)
         occurrence = None if occurrence_id is None else normalize_identifier(occurrence_id, "occurrenceId")
         job = None if job_id is None else normalize_identifier(job_id, "jobId")
-        query = history_query(occurrence, job, bounded)
-        return self._read(lambda tx: read_events(tx, query))
+        return self._read(lambda tx: read_events(tx, occurrence, job, bounded))
 
     def list_dead_letters(
         self, *, job_id: str | None = None, limit: int = DEFAULT_HISTORY_LIMIT
@@ -66,5 +79,4 @@ class HistoryOperations(StoreBase):
         """Dead-lettered occurrences, most recently settled first (optionally of one job)."""
         bounded = normalize_history_limit(limit)
         job = None if job_id is None else normalize_identifier(job_id, "jobId")
-        query = dead_letter_query(job, bounded)
-        return self._read(lambda tx: read_occurrences(tx, query))
+        return self._read(lambda tx: read_dead_letters(tx, job, bounded))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 
 from scheduler.contract.authority import normalize_authority_envelope
 from scheduler.contract.canonical import canonical_json, normalize_json
@@ -19,6 +19,7 @@ from scheduler.contract.scalars import (
 )
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.fastpath import Prepared
 from scheduler.store.records import Job
 from scheduler.store.rows import map_job
 from scheduler.store.session import Tx
@@ -31,8 +32,12 @@ def not_found(kind: str, identifier: str) -> SchedulerKernelError:
     return SchedulerKernelError("SCHEDULER_NOT_FOUND", f"Scheduler {kind} does not exist: {identifier}")
 
 
+_JOB: Final = Prepared(select(t.jobs).where(t.jobs.c.job_id == bindparam("job_id")))
+_JOB_EXISTS: Final = Prepared(select(t.jobs.c.job_id).where(t.jobs.c.job_id == bindparam("job_id")))
+
+
 def load_job(tx: Tx, job_id: str) -> Job | None:
-    return map_job(tx.first(select(t.jobs).where(t.jobs.c.job_id == job_id)))
+    return map_job(tx.first(_JOB, {"job_id": job_id}))
 
 
 def _job_values(job: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +53,7 @@ def _job_values(job: dict[str, Any]) -> dict[str, Any]:
 
 def create_job_in(tx: Tx, job: dict[str, Any]) -> Job:
     """Insert a normalized wire-format job at revision 1 and record ``job_created``."""
-    if tx.first(select(t.jobs.c.job_id).where(t.jobs.c.job_id == job["id"])) is not None:
+    if tx.first(_JOB_EXISTS, {"job_id": job["id"]}) is not None:
         raise SchedulerKernelError("SCHEDULER_CONFLICT", f"Scheduler job already exists: {job['id']}")
     tx.execute(
         insert(t.jobs).values(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from sqlalchemy import Row, and_, bindparam, update
+from sqlalchemy import and_, bindparam, update
 
 from scheduler.contract.canonical import canonical_json
 from scheduler.contract.constants import DEAD_LETTER, MAX_LEASE_MS, MAX_SAFE_INTEGER, RUNNING
@@ -20,16 +20,17 @@ from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int, no
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.claim_query import (
-    CLAIM_OCCURRENCE,
+    CLAIM_OCCURRENCE_PREPARED,
     PAUSE_REQUESTED,
     RESUMED,
     ClaimPlan,
     claim_next_params,
-    claim_next_statement,
+    claim_next_prepared,
     claimable,
     keeps_attempt,
 )
 from scheduler.store.dialect import greatest
+from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.jobs import not_found
 from scheduler.store.occurrence_rows import EventLog, occurrence_record, validate_batch
 from scheduler.store.records import Occurrence
@@ -58,7 +59,7 @@ _leased = and_(
     _o.c.lease_owner == bindparam("p_owner"),
     _o.c.fence == bindparam("p_fence"),
 )
-_CLAIM: Final = (
+_CLAIM: Final = Prepared(
     update(_o)
     .where(_o.c.occurrence_id == bindparam("p_id"), _o.c.fence == bindparam("p_fence"))
     .values(
@@ -71,7 +72,7 @@ _CLAIM: Final = (
         settled_at=None,
     )
 )
-_RENEW: Final = (
+_RENEW: Final = Prepared(
     update(_o)
     .where(_leased, _o.c.lease_expires_at > bindparam("p_now"))
     .values(
@@ -80,7 +81,7 @@ _RENEW: Final = (
     )
     .returning(*_o.c)
 )
-_SWEEP: Final = (
+_SWEEP: Final = Prepared(
     update(_o)
     .where(_leased)
     .values(
@@ -93,7 +94,7 @@ _SWEEP: Final = (
     )
 )
 _c = t.occurrence_controls
-_REBIND_CONTROL: Final = (
+_REBIND_CONTROL: Final = Prepared(
     update(_c)
     .where(
         _c.c.occurrence_id == bindparam("p_id"),
@@ -107,7 +108,7 @@ _REBIND_CONTROL: Final = (
     )
 )
 _r = t.occurrence_retries
-_CONSUME_RETRY: Final = (
+_CONSUME_RETRY: Final = Prepared(
     update(_r)
     .where(
         _r.c.occurrence_id == bindparam("p_id"),
@@ -117,7 +118,7 @@ _CONSUME_RETRY: Final = (
     .values(claimed_at=bindparam("p_now"))
 )
 _adj = t.adjudications
-_APPLY_ADJUDICATION: Final = (
+_APPLY_ADJUDICATION: Final = Prepared(
     update(_adj)
     .where(_adj.c.occurrence_id == bindparam("p_id"), _adj.c.status == "pending")
     .values(
@@ -128,7 +129,7 @@ _APPLY_ADJUDICATION: Final = (
     )
 )
 _res = t.authority_reservations
-_FAIL_RESERVATION: Final = (
+_FAIL_RESERVATION: Final = Prepared(
     update(_res)
     .where(_res.c.occurrence_id == bindparam("p_id"), _res.c.status == "reserved")
     .values(status="failed", outcome_json=bindparam("p_outcome"), settled_at=bindparam("p_now"))
@@ -163,7 +164,7 @@ def optional_identifier(value: Any, field: str, max_length: int) -> str | None:
 # ------------------------------------------------------------------------------------ sweep
 
 
-def sweep_expired(tx: Tx, rows: Sequence[Row[Any]], events: EventLog) -> None:
+def sweep_expired(tx: Tx, rows: Sequence[StoredRow], events: EventLog) -> None:
     """Dead-letter expired final attempts (seed: _deadLetterExpiredLeases) in the given order."""
     for row in rows:
         params = {
@@ -181,8 +182,8 @@ def sweep_expired(tx: Tx, rows: Sequence[Row[Any]], events: EventLog) -> None:
         }
         if row.adjudication_request_id is not None:
             settled = {"p_id": row.occurrence_id, "p_now": tx.now, "p_outcome": _SWEEP_OUTCOME_JSON}
-            tx.execute(_APPLY_ADJUDICATION, settled)
-            tx.execute(_FAIL_RESERVATION, settled)
+            tx.changes(_APPLY_ADJUDICATION, settled)
+            tx.changes(_FAIL_RESERVATION, settled)
             data["adjudicationRequestId"] = row.adjudication_request_id
         events.add(
             job_id=row.job_id,
@@ -211,11 +212,11 @@ class Claims:
         self.owner = owner
         self.expires = lease_expiry(tx.now, lease_ms)
         self.events = EventLog(tx)
-        self.rows: list[Row[Any]] = []
+        self.rows: list[StoredRow] = []
         self.updates: list[dict[str, Any]] = []
         self.claimed: list[Occurrence] = []
 
-    def claim(self, row: Row[Any], *, targeted: bool) -> None:
+    def claim(self, row: StoredRow, *, targeted: bool) -> None:
         """Claim one eligible candidate (seed: the claim UPDATE, its bookkeeping and event)."""
         attempt = row.attempt + (0 if keeps_attempt(row) else 1)
         fence = row.fence + 1
@@ -274,12 +275,12 @@ class Claims:
             _rebind_control(tx, row, row.fence + 1)
             if row.retry_request_id is not None:
                 params = {"p_id": row.occurrence_id, "p_request": row.retry_request_id, "p_now": tx.now}
-                tx.execute(_CONSUME_RETRY, params)
+                tx.changes(_CONSUME_RETRY, params)
         self.events.flush(tx)
         return self.claimed
 
 
-def _rebind_control(tx: Tx, row: Row[Any], fence: int) -> None:
+def _rebind_control(tx: Tx, row: StoredRow, fence: int) -> None:
     state = row.control_state
     if state not in (PAUSE_REQUESTED, RESUMED):
         return
@@ -302,8 +303,8 @@ def claim_in(
 ) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep."""
     claims = Claims(tx, owner, lease_ms)
-    statement = claim_next_statement(job_kind, workspace_id)
-    rows = tx.execute(statement, claim_next_params(tx.now, limit, job_kind, workspace_id)).all()
+    statement = claim_next_prepared(job_kind, workspace_id)
+    rows = tx.all(statement, claim_next_params(tx.now, limit, job_kind, workspace_id))
     plan = ClaimPlan(rows, tx.now)
     for _ in range(limit):
         sweep_expired(tx, plan.next_sweep(), claims.events)
@@ -317,7 +318,7 @@ def claim_in(
 def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -> Occurrence | None:
     """Sweep, then claim one named occurrence if the seed's rules allow it."""
     claims = Claims(tx, owner, lease_ms)
-    rows = tx.execute(CLAIM_OCCURRENCE, {"now": tx.now, "occurrence_id": occurrence_id}).all()
+    rows = tx.all(CLAIM_OCCURRENCE_PREPARED, {"now": tx.now, "occurrence_id": occurrence_id})
     plan = ClaimPlan(rows, tx.now)
     sweep_expired(tx, plan.next_sweep(), claims.events)
     target = plan.target

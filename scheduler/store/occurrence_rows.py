@@ -12,14 +12,12 @@ import marshal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import insert
-
-from scheduler.contract.canonical import canonical_json
+from scheduler.contract.canonical import canonical_json, json_string
+from scheduler.contract.constants import MAX_JSON_BYTES, MAX_SAFE_INTEGER
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.schema import tables as t
 from scheduler.store.records import Occurrence
-from scheduler.store.rows import read_optional_json, read_stored_authority, read_stored_json
-from scheduler.store.session import Tx
+from scheduler.store.rows import read_stored_authority, read_stored_json
+from scheduler.store.session import EVENT_INSERT, Tx
 
 T = TypeVar("T")
 
@@ -27,7 +25,6 @@ _AUTHORITY_MEMO_SIZE: Final = 1024
 # stored authority text -> its normalized envelope, serialized (``marshal`` keeps key order and
 # rebuilds a fresh, independent copy for every record far faster than a recursive copy).
 _authorities: dict[str, bytes] = {}
-_EVENT_INSERT: Final = insert(t.events)
 
 
 def stored_authority(encoded: str) -> dict[str, Any]:
@@ -42,13 +39,32 @@ def stored_authority(encoded: str) -> dict[str, Any]:
     return copied
 
 
+def _stored_json(encoded: str, field: str) -> Any:
+    """``read_stored_json``; the frequent ``null`` needs no parser."""
+    return None if encoded == "null" else read_stored_json(encoded, field)
+
+
+def _optional_json(encoded: str | None, field: str) -> Any:
+    return None if encoded is None or encoded == "null" else read_stored_json(encoded, field)
+
+
+def _columns(row: Any, changes: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if isinstance(row, Mapping):
+        return {**row, **changes} if changes else row
+    values = row._mapping
+    if changes:
+        if type(values) is dict:  # a fast-path row's ``_mapping`` is a fresh dict
+            values.update(changes)
+        else:
+            values = {**values, **changes}
+    return values  # type: ignore[no-any-return]
+
+
 def occurrence_record(
     row: Any, changes: Mapping[str, Any] | None = None, deduplicated: bool | None = None
 ) -> Occurrence:
     """The record of an ``occurrences`` row (a Row, or a mapping of its columns) plus ``changes``."""
-    values: Mapping[str, Any] = row if isinstance(row, Mapping) else row._mapping
-    if changes:
-        values = {**values, **changes}
+    values = _columns(row, changes)
     return Occurrence(
         id=values["occurrence_id"],
         job_id=values["job_id"],
@@ -64,14 +80,44 @@ def occurrence_record(
         lease_owner=values["lease_owner"],
         lease_expires_at=values["lease_expires_at"],
         authority=stored_authority(values["authority_json"]),
-        payload=read_stored_json(values["payload_json"], "occurrence payload"),
-        last_error=read_optional_json(values["last_error_json"], "occurrence error"),
-        result=read_optional_json(values["result_json"], "occurrence result"),
+        payload=_stored_json(values["payload_json"], "occurrence payload"),
+        last_error=_optional_json(values["last_error_json"], "occurrence error"),
+        result=_optional_json(values["result_json"], "occurrence result"),
         created_at=values["created_at"],
         updated_at=values["updated_at"],
         settled_at=values["settled_at"],
         deduplicated=deduplicated,
     )
+
+
+def event_data_json(data: dict[str, Any]) -> str:
+    """``canonical_json(data, "event.data")`` of the flat event data the lifecycle writes.
+
+    With ASCII identifier keys (sorted the same by code point and by UTF-16 unit, none an array
+    index) and string, safe-integer, boolean or null values, the canonical text is the sorted
+    ``"key":value`` pairs; anything else goes through ``canonical_json``.
+    """
+    parts: list[str] = []
+    for key in sorted(data):
+        value = data[key]
+        kind = type(value)
+        if kind is str:
+            text = json_string(value)
+        elif kind is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            text = str(value)
+        elif value is None:
+            text = "null"
+        elif kind is bool:
+            text = "true" if value else "false"
+        else:
+            return canonical_json(data, "event.data")
+        if type(key) is not str or not (key.isascii() and key.isidentifier()):
+            return canonical_json(data, "event.data")
+        parts.append(f'"{key}":{text}')
+    encoded = "{" + ",".join(parts) + "}"
+    if len(encoded) * 4 > MAX_JSON_BYTES:  # possibly over the limit: let canonical_json decide
+        return canonical_json(data, "event.data")
+    return encoded
 
 
 class EventLog:
@@ -101,13 +147,13 @@ class EventLog:
                 "occurred_at": self._now,
                 "owner_id": owner_id,
                 "fence": fence,
-                "data_json": canonical_json(data, "event.data"),
+                "data_json": event_data_json(data),
             }
         )
 
     def flush(self, tx: Tx) -> None:
         if self._rows:
-            tx.execute(_EVENT_INSERT, self._rows)
+            tx.changes(EVENT_INSERT, self._rows)
             self._rows = []
 
 

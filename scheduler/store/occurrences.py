@@ -16,6 +16,7 @@ from scheduler.contract.scalars import is_safe_int, normalize_epoch_ms, normaliz
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
+from scheduler.store.fastpath import Prepared
 from scheduler.store.jobs import not_found
 from scheduler.store.occurrence_rows import (
     EventLog,
@@ -37,13 +38,12 @@ MAX_TRIGGER_LIST_LIMIT: Final = 200
 ENQUEUE_FIELDS: Final = frozenset({"job_id", "scheduled_for", "trigger_key", "available_at", "payload"})
 
 _o = t.occurrences
-_INSERT: Final = insert_ignoring_conflict(_o, "idempotency_key")
-_INSERT_RETURNING: Final = insert_ignoring_conflict(_o, "idempotency_key").returning(*_o.c)
-_BY_KEY: Final = select(_o).where(_o.c.idempotency_key == bindparam("key"))
-_BY_KEYS: Final = select(_o).where(_o.c.idempotency_key.in_(bindparam("keys", expanding=True)))
-_JOB: Final = select(t.jobs).where(t.jobs.c.job_id == bindparam("id"))
-_BY_ID: Final = select(_o).where(_o.c.occurrence_id == bindparam("id"))
-_BY_TRIGGER: Final = (
+_INSERT: Final = Prepared(insert_ignoring_conflict(_o, "idempotency_key"))
+_BY_KEY: Final = Prepared(select(_o).where(_o.c.idempotency_key == bindparam("key")))
+_BY_KEYS: Final = Prepared(select(_o).where(_o.c.idempotency_key.in_(bindparam("keys", expanding=True))))
+_JOB: Final = Prepared(select(t.jobs).where(t.jobs.c.job_id == bindparam("id")))
+_BY_ID: Final = Prepared(select(_o).where(_o.c.occurrence_id == bindparam("id")))
+_BY_TRIGGER: Final = Prepared(
     select(_o)
     .where(_o.c.job_id == bindparam("job_id"), _o.c.trigger_key == bindparam("trigger_key"))
     .order_by(_o.c.created_at.asc(), _o.c.occurrence_id.asc())
@@ -205,12 +205,11 @@ def _enqueued(events: EventLog, values: dict[str, Any]) -> None:
 def enqueue_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     """Insert the occurrence unless its identity exists; ``deduplicated`` tells which happened."""
     values = _plan(tx, request, _JobCache())
-    inserted = tx.first(_INSERT_RETURNING, values)
-    if inserted is not None:
+    if tx.changes(_INSERT, values) == 1:
         events = EventLog(tx)
         _enqueued(events, values)
         events.flush(tx)
-        return occurrence_record(inserted, deduplicated=False)
+        return occurrence_record(values, deduplicated=False)
     existing = tx.first(_BY_KEY, {"key": values["idempotency_key"]})
     _check_existing(None if existing is None else existing._mapping, values)
     assert existing is not None
@@ -230,7 +229,7 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
     stored: dict[str, Mapping[Any, Any]] = {
         row.idempotency_key: row._mapping
         for chunk in chunks(keys)
-        for row in tx.execute(_BY_KEYS, {"keys": list(chunk)}).all()
+        for row in tx.all(_BY_KEYS, {"keys": list(chunk)})
     }
     events = EventLog(tx)
     inserts: list[dict[str, Any]] = []
@@ -259,15 +258,13 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
 
 
 def list_by_trigger(tx: Tx, job_id: str, trigger_key: str, limit: int) -> list[Occurrence]:
-    rows = tx.execute(_BY_TRIGGER, {"job_id": job_id, "trigger_key": trigger_key, "limit": limit}).all()
+    rows = tx.all(_BY_TRIGGER, {"job_id": job_id, "trigger_key": trigger_key, "limit": limit})
     return [occurrence_record(row) for row in rows]
 
 
 def enqueue_once_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     """Return any earlier occurrence of the job + trigger (no payload check), else enqueue."""
-    prior = tx.execute(
-        _BY_TRIGGER, {"job_id": request.job_id, "trigger_key": request.trigger_key, "limit": 2}
-    ).all()
+    prior = tx.all(_BY_TRIGGER, {"job_id": request.job_id, "trigger_key": request.trigger_key, "limit": 2})
     if len(prior) > 1:
         raise data_corrupt("Multiple occurrences exist for a unique job trigger")
     if prior:

@@ -15,9 +15,9 @@ truthful ``commitState``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, overload
 
 from sqlalchemy import Connection, Row, insert
 from sqlalchemy.engine import CursorResult
@@ -34,33 +34,72 @@ from scheduler.store.failures import (
     find_storage_failure_code,
     storage_unavailable,
 )
+from scheduler.store.fastpath import FastPath, Prepared
 
 T = TypeVar("T")
 Clock = Callable[[], int]
+EVENT_INSERT: Final = Prepared(insert(t.events))
+"""One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
 
 
 class Tx:
-    """One transaction as seen by an operation: the connection, ``now`` and small helpers."""
+    """One transaction as seen by an operation: the connection, ``now`` and small helpers.
 
-    __slots__ = ("_uuid_factory", "conn", "now")
+    ``all``/``first``/``changes`` run a :class:`~scheduler.store.fastpath.Prepared` hot statement
+    through the compile-once fast path when it is usable, else like ``execute``.
+    """
 
-    def __init__(self, conn: Connection, now: int, uuid_factory: Callable[[], str]) -> None:
+    __slots__ = ("_fast", "_uuid_factory", "conn", "now")
+
+    def __init__(
+        self, conn: Connection, now: int, uuid_factory: Callable[[], str], fast: FastPath | None = None
+    ) -> None:
         self.conn = conn
         self.now = now
         self._uuid_factory = uuid_factory
+        self._fast = fast
 
-    def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
+    def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
+        fast = self._fast
+        return None if fast is None else fast.run(self.conn, statement, parameters)
+
+    def execute(self, statement: Executable | Prepared, parameters: Any = None) -> CursorResult[Any]:
+        if isinstance(statement, Prepared):
+            statement = statement.statement
         return self.conn.execute(statement, parameters)
 
-    def first(self, statement: Executable, parameters: Any = None) -> Row[Any] | None:
-        return self.conn.execute(statement, parameters).first()
+    def all(self, statement: Executable | Prepared, parameters: Any = None) -> Sequence[Any]:
+        """Every result row (SQLAlchemy rows, or fast-path rows with the same attribute access)."""
+        if isinstance(statement, Prepared):
+            done = self._run(statement, parameters)
+            if done is not None:
+                return done[0]
+        return self.execute(statement, parameters).all()
+
+    @overload
+    def first(self, statement: Prepared, parameters: Any = None) -> Any: ...
+
+    @overload
+    def first(self, statement: Executable, parameters: Any = None) -> Row[Any] | None: ...
+
+    def first(self, statement: Executable | Prepared, parameters: Any = None) -> Any:
+        """The first result row, or ``None``."""
+        if isinstance(statement, Prepared):
+            done = self._run(statement, parameters)
+            if done is not None:
+                return done[0][0] if done[0] else None
+        return self.execute(statement, parameters).first()
 
     def scalar(self, statement: Executable, parameters: Any = None) -> Any:
         return self.conn.execute(statement, parameters).scalar()
 
-    def changes(self, statement: Executable, parameters: Any = None) -> int:
-        """Run a DML statement and return how many rows it changed."""
-        return int(self.conn.execute(statement, parameters).rowcount)
+    def changes(self, statement: Executable | Prepared, parameters: Any = None) -> int:
+        """Run a DML statement (``executemany`` for a list of dicts); how many rows it changed."""
+        if isinstance(statement, Prepared):
+            done = self._run(statement, parameters)
+            if done is not None:
+                return done[1]
+        return int(self.execute(statement, parameters).rowcount)
 
     def new_uuid(self) -> str:
         value = self._uuid_factory()
@@ -79,8 +118,8 @@ class Tx:
         data: dict[str, Any] | None = None,
     ) -> None:
         """Append one row to the event history (occurred at ``now``)."""
-        self.conn.execute(
-            insert(t.events),
+        self.changes(
+            EVENT_INSERT,
             {
                 "job_id": job_id,
                 "occurrence_id": occurrence_id,
@@ -105,12 +144,17 @@ def _sample_clock(clock: Clock) -> int:
     return normalize_epoch_ms(clock(), "clock result")
 
 
-def begin_sqlite_transaction(conn: Connection, begin: str = BEGIN_WRITE) -> None:
+def begin_sqlite_transaction(
+    conn: Connection, begin: str = BEGIN_WRITE, fast: FastPath | None = None
+) -> None:
     """Start the SQLite transaction explicitly unless the engine's own "begin" hook already did.
 
     (SQLAlchemy's pysqlite recipe emits BEGIN from a "begin" event; a second BEGIN would fail.)
     """
-    if _dbapi_in_transaction(conn) is not True:
+    if fast is not None:
+        if not fast.in_transaction():
+            fast.run_driver_sql(conn, begin)
+    elif _dbapi_in_transaction(conn) is not True:
         conn.exec_driver_sql(begin)
 
 
@@ -146,14 +190,26 @@ def _classify(
 
 
 class _Base:
-    def __init__(self, conn: Connection, clock: Clock, uuid_factory: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        clock: Clock,
+        uuid_factory: Callable[[], str],
+        fastpath: FastPath | None = None,
+    ) -> None:
         self.conn = conn
         self.clock = clock
         self.uuid_factory = uuid_factory
         self.lock = threading.RLock()
+        self.fastpath = fastpath or FastPath.for_connection(conn)
 
-    def _tx(self) -> Tx:
-        return Tx(self.conn, _sample_clock(self.clock), self.uuid_factory)
+    def _usable_fastpath(self) -> FastPath | None:
+        fast = self.fastpath
+        return fast if fast is not None and fast.usable(self.conn) else None
+
+    def _tx(self, sample_clock: bool, fast: FastPath | None) -> Tx:
+        now = _sample_clock(self.clock) if sample_clock else 0
+        return Tx(self.conn, now, self.uuid_factory, fast)
 
 
 class OwnedRunner(_Base):
@@ -171,9 +227,10 @@ class OwnedRunner(_Base):
         state = "not_started"
         transaction = self.conn.begin()
         try:
-            begin_sqlite_transaction(self.conn, begin)
+            fast = self._usable_fastpath()
+            begin_sqlite_transaction(self.conn, begin, fast)
             state = "running"
-            tx = self._tx() if sample_clock else Tx(self.conn, 0, self.uuid_factory)
+            tx = self._tx(sample_clock, fast)
             result = operation(tx)
             state = "returned"
             transaction.commit()
@@ -211,7 +268,9 @@ class OwnedRunner(_Base):
             transaction = self.conn.begin()
             begin_sqlite_transaction(self.conn)
             try:
-                yield NestedRunner(self.conn, self.clock, self.uuid_factory, lock=self.lock)
+                yield NestedRunner(
+                    self.conn, self.clock, self.uuid_factory, lock=self.lock, fastpath=self.fastpath
+                )
             except BaseException:
                 self._rollback(transaction)
                 raise
@@ -235,8 +294,9 @@ class NestedRunner(_Base):
         uuid_factory: Callable[[], str],
         *,
         lock: threading.RLock | None = None,
+        fastpath: FastPath | None = None,
     ) -> None:
-        super().__init__(conn, clock, uuid_factory)
+        super().__init__(conn, clock, uuid_factory, fastpath)
         if lock is not None:
             self.lock = lock
 
@@ -251,7 +311,7 @@ class NestedRunner(_Base):
             self._ensure_sqlite_transaction()
             savepoint = self.conn.begin_nested()
             try:
-                tx = self._tx() if sample_clock else Tx(self.conn, 0, self.uuid_factory)
+                tx = self._tx(sample_clock, self._usable_fastpath())
                 result = operation(tx)
                 savepoint.commit()
                 return result

@@ -18,6 +18,7 @@ from scheduler.contract.scalars import (
     normalize_identifier,
 )
 from scheduler.schema import tables as t
+from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import (
     EventLog,
     chunks,
@@ -62,9 +63,11 @@ _CURRENT_ROWS: Final = select(
     .outerjoin(_res, _res.c.occurrence_id == _o.c.occurrence_id)
     .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
 )
-_CURRENT: Final = _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
-_CURRENT_MANY: Final = _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
-_SETTLE: Final = (
+_CURRENT: Final = Prepared(_CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")))
+_CURRENT_MANY: Final = Prepared(
+    _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
+)
+_SETTLE: Final = Prepared(
     update(_o)
     .where(
         and_(
@@ -86,7 +89,7 @@ _SETTLE: Final = (
         settled_at=bindparam("p_settled"),
     )
 )
-_REBIND_RESUMED: Final = (
+_REBIND_RESUMED: Final = Prepared(
     update(_c)
     .where(
         _c.c.occurrence_id == bindparam("p_id"),
@@ -97,7 +100,7 @@ _REBIND_RESUMED: Final = (
         expected_fence=bindparam("p_next_fence"), revision=_c.c.revision + 1, updated_at=bindparam("p_now")
     )
 )
-_TERMINALIZE: Final = (
+_TERMINALIZE: Final = Prepared(
     update(_c)
     .where(_c.c.occurrence_id == bindparam("p_id"), _c.c.state == bindparam("p_state"))
     .values(
@@ -107,12 +110,12 @@ _TERMINALIZE: Final = (
         updated_at=bindparam("p_now"),
     )
 )
-_SETTLE_RESERVATION: Final = (
+_SETTLE_RESERVATION: Final = Prepared(
     update(_res)
     .where(_res.c.occurrence_id == bindparam("p_id"), _res.c.status == "reserved")
     .values(status=bindparam("p_status"), outcome_json=bindparam("p_outcome"), settled_at=bindparam("p_now"))
 )
-_APPLY_ADJUDICATION: Final = (
+_APPLY_ADJUDICATION: Final = Prepared(
     update(_adj)
     .where(_adj.c.occurrence_id == bindparam("p_id"), _adj.c.status == "pending")
     .values(
@@ -162,7 +165,11 @@ def normalize_settle(
     normalize_boolean(retryable, "retryable")
     succeeded = outcome == "succeeded"
     normalized_result, result_json = (
-        normalize_and_encode_json(result, "result") if succeeded else (None, None)
+        (None, None)
+        if not succeeded
+        else (None, "null")  # normalize_and_encode_json(None)
+        if result is None
+        else normalize_and_encode_json(result, "result")
     )
     normalized_error, error_json = (
         (None, None)
@@ -219,7 +226,7 @@ def _settle_control(tx: Tx, current: Mapping[str, Any], status: str, fence: int)
     state = current["control_state"]
     params = {"p_id": current["occurrence_id"], "p_now": tx.now}
     if status == RETRY_WAIT and state == "resumed":
-        tx.execute(_REBIND_RESUMED, {**params, "p_fence": fence, "p_next_fence": fence + 1})
+        tx.changes(_REBIND_RESUMED, {**params, "p_fence": fence, "p_next_fence": fence + 1})
         return False
     if state == "pause_requested" or state == "resumed":
         return tx.changes(_TERMINALIZE, {**params, "p_state": state}) == 1
@@ -285,6 +292,12 @@ def _event_data(
     return data
 
 
+def _as_dict(row: Any) -> dict[str, Any]:
+    """A row's columns as a dict of its own (a fast-path row's ``_mapping`` already is one)."""
+    values = row._mapping
+    return values if type(values) is dict else dict(values)
+
+
 class _Settlements:
     """The settlements of one transaction: rows read once, one UPDATE and one event insert at the end."""
 
@@ -292,14 +305,10 @@ class _Settlements:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
         if len(ids) == 1:
-            rows = tx.execute(_CURRENT, {"p_id": ids[0]}).all()
+            rows = tx.all(_CURRENT, {"p_id": ids[0]})
         else:
-            rows = [
-                row
-                for chunk in chunks(ids)
-                for row in tx.execute(_CURRENT_MANY, {"p_ids": list(chunk)}).all()
-            ]
-        self.current: dict[str, dict[str, Any]] = {row.occurrence_id: dict(row._mapping) for row in rows}
+            rows = [row for chunk in chunks(ids) for row in tx.all(_CURRENT_MANY, {"p_ids": list(chunk)})]
+        self.current: dict[str, dict[str, Any]] = {row.occurrence_id: _as_dict(row) for row in rows}
         self.updates: list[dict[str, Any]] = []
         self.events = EventLog(tx)
 

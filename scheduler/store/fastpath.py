@@ -1,0 +1,264 @@
+"""Compile-once execution of the hot Core statements on the SQLite driver connection.
+
+The store's queries stay SQLAlchemy Core expressions over :mod:`scheduler.schema.tables`. The
+statements of the hot paths (claims, settlement, enqueue, events) are module-level constants
+wrapped in :class:`Prepared`. For pysqlite, :class:`FastPath` compiles each one once per dialect
+— the same SQL text and bind order SQLAlchemy itself would execute — and runs it with a reused
+DBAPI cursor, skipping the per-call cache key, execution context and result set-up (about
+40 µs a statement). Rows are light named tuples that support what the store uses of a
+SQLAlchemy ``Row``: attribute access, indexing and ``_mapping``.
+
+SQLAlchemy's own execution is used instead whenever it could behave differently: another
+dialect or driver, a statement the fast path cannot reproduce exactly (type processors,
+literal-execute or callable binds, executemany with RETURNING, prefetched defaults), and any
+connection that is instrumented — connection, engine or dialect events (so
+``before_cursor_execute`` listeners see every statement), echo, or execution options other
+than the isolation level. Driver errors go through SQLAlchemy's own error handling, so they
+surface wrapped exactly as ``Connection.execute`` wraps them.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, Final, NoReturn, TypeAlias
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import UpdateBase
+
+# Connection-level execution options that do not change how a statement executes.
+_NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token"})
+# The SQLAlchemy (2.x) connection internals the fast path consults; without them it stays off.
+_CONNECTION_INTERNALS: Final = ("_has_events", "_echo", "_execution_options", "_handle_dbapi_exception")
+
+Arguments = Callable[[Mapping[str, Any]], tuple[Any, ...]]
+StoredRow: TypeAlias = Any
+"""A result row: a SQLAlchemy ``Row`` or a fast-path row (attribute access, indexing, ``_mapping``)."""
+
+
+class Prepared:
+    """A module-level Core statement that may run through the compile-once fast path."""
+
+    __slots__ = ("dml", "statement")
+
+    def __init__(self, statement: Executable) -> None:
+        self.statement = statement
+        # INSERT/UPDATE/DELETE compile per set of parameter names (like SQLAlchemy's cache key).
+        self.dml = isinstance(statement, UpdateBase)
+
+
+def _row_type(names: Sequence[str]) -> Any:
+    """A tuple class with an attribute per column and ``_mapping`` (a dict of the row)."""
+    base: Any = namedtuple("FastRow", names)  # type: ignore[misc]
+    return type("FastRow", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
+
+
+class _Plan:
+    """One statement compiled for one dialect.
+
+    ``arguments`` turns a parameter dict into the positional arguments of ``sql``; a statement
+    with an expanding ``IN`` keeps its ``compiled`` form, whose SQL depends on the list lengths.
+    """
+
+    __slots__ = ("arguments", "compiled", "row_type", "sql")
+
+    def __init__(self, sql: str, arguments: Arguments, row_type: Any, compiled: SQLCompiler | None) -> None:
+        self.sql = sql
+        self.arguments = arguments
+        self.row_type = row_type
+        self.compiled = compiled
+
+    def bind(self, parameters: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """(SQL, arguments) of an expanding statement (SQLAlchemy's own post-compile step)."""
+        assert self.compiled is not None
+        state = self.compiled.construct_expanded_state(dict(parameters))
+        if state.processors:
+            raise KeyError("bind processors")
+        return state.statement, tuple(state.positional_parameters)
+
+
+def _arguments(names: Sequence[str], constants: dict[str, Any]) -> Arguments:
+    """Positional arguments from a parameter dict (a missing required name raises ``KeyError``)."""
+    if not names:
+        return lambda _parameters: ()
+    getter = itemgetter(*names)
+    single = len(names) == 1
+    if constants:
+        if single:
+            return lambda parameters: (getter({**constants, **parameters}),)
+        return lambda parameters: getter({**constants, **parameters})
+    if single:
+        return lambda parameters: (getter(parameters),)
+    return getter
+
+
+def _unsupported(prepared: Prepared, compiled: SQLCompiler, dialect: Dialect, many: bool) -> bool:
+    """Whether executing ``compiled`` could differ from SQLAlchemy's execution of it."""
+    return bool(
+        compiled.positiontup is None
+        or compiled._bind_processors
+        or compiled.escaped_bind_names
+        or compiled.literal_execute_params
+        or (many and compiled.post_compile_params)
+        or compiled.insert_prefetch
+        or compiled.update_prefetch
+        or getattr(compiled, "_collected_params", None)
+        or prepared.statement._execution_options
+        or (many and (compiled.returning or compiled._insertmanyvalues))
+        or any(
+            bind.callable is not None or (bind.required and bind.key != name)
+            for bind, name in compiled.bind_names.items()
+        )
+        or any(
+            column_type._cached_result_processor(dialect, None) is not None
+            for *_names, column_type in compiled._result_columns
+        )
+    )
+
+
+def _compile(prepared: Prepared, dialect: Dialect, keys: tuple[str, ...] | None, many: bool) -> _Plan | None:
+    """The plan of a statement, or ``None`` if only SQLAlchemy's execution is exact for it."""
+    statement: Any = prepared.statement
+    compiled = statement.compile(
+        dialect=dialect, column_keys=None if keys is None else sorted(keys), for_executemany=many
+    )
+    assert isinstance(compiled, SQLCompiler)
+    try:
+        if _unsupported(prepared, compiled, dialect, many):
+            return None
+    except AttributeError:  # a SQLAlchemy release without an attribute relied on here
+        return None
+    names = compiled.positiontup or []
+    constants = {
+        name: bind.effective_value
+        for bind, name in compiled.bind_names.items()
+        if not bind.required and name in names
+    }
+    row_type = None
+    if compiled._result_columns:
+        columns = [keyname for keyname, *_rest in compiled._result_columns]
+        if len(set(columns)) != len(columns) or not all(c.isidentifier() and c[0] != "_" for c in columns):
+            return None
+        row_type = _row_type(columns)
+    expanding = compiled if compiled.post_compile_params else None
+    return _Plan(compiled.string, _arguments(names, constants), row_type, expanding)
+
+
+class FastPath:
+    """The compiled plans of one store connection's dialect and a reused driver cursor."""
+
+    __slots__ = ("_cursor", "_dbapi", "_dialect", "_plans")
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+        self._plans: dict[tuple[Prepared, tuple[str, ...] | None, bool], _Plan | None] = {}
+        self._dbapi: Any = None
+        self._cursor: Any = None
+
+    @staticmethod
+    def for_connection(conn: Connection) -> FastPath | None:
+        """A fast path for a pysqlite connection (``None`` for any other driver)."""
+        dialect = conn.dialect
+        if dialect.name != "sqlite" or dialect.driver != "pysqlite" or not dialect.positional:
+            return None
+        if not all(hasattr(conn, name) for name in _CONNECTION_INTERNALS):
+            return None
+        return FastPath(dialect)
+
+    def usable(self, conn: Connection) -> bool:
+        """False while anything observes or alters statement execution on ``conn``.
+
+        Called once per transaction; it also (re)binds the cursor to the current driver connection.
+        """
+        if (
+            conn._has_events
+            or conn.engine._has_events
+            or conn._echo
+            or self._dialect._has_events
+            or conn.dialect is not self._dialect
+            or not _NEUTRAL_OPTIONS.issuperset(conn._execution_options)
+        ):
+            return False
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not self._dbapi or self._cursor is None:
+            self._cursor = dbapi.cursor()  # type: ignore[union-attr]
+            self._dbapi = dbapi
+        return True
+
+    def in_transaction(self) -> bool:
+        """Whether the driver connection bound by :meth:`usable` is inside a transaction."""
+        return bool(self._dbapi.in_transaction)
+
+    def _plan(self, prepared: Prepared, first: Mapping[str, Any], many: bool) -> _Plan | None:
+        key = (prepared, tuple(first) if prepared.dml else None, many)
+        try:
+            return self._plans[key]
+        except KeyError:
+            plan = self._plans[key] = _compile(prepared, self._dialect, key[1], many)
+            return plan
+
+    def _failed(
+        self, conn: Connection, error: BaseException, sql: str, arguments: Any, cursor: Any
+    ) -> NoReturn:
+        """SQLAlchemy's handling of a driver error (wrapping, events, invalidation); it raises."""
+        self._cursor = None  # the handler closes the cursor
+        conn._handle_dbapi_exception(error, sql, arguments, cursor, None)
+
+    def run_driver_sql(self, conn: Connection, sql: str) -> None:
+        """``conn.exec_driver_sql(sql)`` for a statement without parameters or rows (``BEGIN …``)."""
+        cursor = self._cursor or conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql)
+        except BaseException as error:
+            self._failed(conn, error, sql, (), cursor)
+
+    def run(self, conn: Connection, prepared: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
+        """(rows, rowcount) of executing ``prepared``; ``None`` if SQLAlchemy must execute it.
+
+        ``parameters`` is ``None``, a dict, or a non-empty list of dicts (``executemany``).
+        """
+        if parameters is None:
+            parameters = {}
+        elif type(parameters) is list:
+            if not parameters:
+                return None
+            if len(parameters) == 1:
+                parameters = parameters[0]
+        if type(parameters) is list:
+            plan = self._plan(prepared, parameters[0], True)
+        elif isinstance(parameters, dict):
+            plan = self._plan(prepared, parameters, False)
+        else:
+            return None
+        if plan is None:
+            return None
+        sql = plan.sql
+        try:
+            if type(parameters) is list:
+                build = plan.arguments
+                arguments: Any = [build(item) for item in parameters]
+            elif plan.compiled is None:
+                arguments = plan.arguments(parameters)
+            else:
+                sql, arguments = plan.bind(parameters)
+        except (KeyError, SQLAlchemyError):
+            return None  # a required value is missing: SQLAlchemy raises its own error
+        cursor = self._cursor
+        if cursor is None:
+            if not self.usable(conn):
+                return None
+            cursor = self._cursor
+        try:
+            if type(arguments) is list:
+                cursor.executemany(sql, arguments)
+            else:
+                cursor.execute(sql, arguments)
+            rows = [] if plan.row_type is None else list(map(plan.row_type._make, cursor.fetchall()))
+        except BaseException as error:
+            self._failed(conn, error, sql, arguments, cursor)
+        return rows, cursor.rowcount
