@@ -284,6 +284,13 @@ class OwnedRunner(_Base):
                 raise classified from error
 
 
+def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:
+    error = storage_unavailable(phase=phase, storage_code=storage_code, commit_state="not_committed")
+    error.message = "Scheduler storage is unavailable; SQLite rolled back the enclosing transaction"
+    error.args = (error.message,)
+    return error
+
+
 class NestedRunner(_Base):
     """Runs each operation in a SAVEPOINT inside a transaction someone else owns."""
 
@@ -299,6 +306,7 @@ class NestedRunner(_Base):
         super().__init__(conn, clock, uuid_factory, fastpath)
         if lock is not None:
             self.lock = lock
+        self._enclosing_rolled_back = False
 
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._run(operation, sample_clock=True)
@@ -308,6 +316,9 @@ class NestedRunner(_Base):
 
     def _run(self, operation: Callable[[Tx], T], *, sample_clock: bool) -> T:
         with self.lock:
+            if self._enclosing_rolled_back:
+                # Never silently start a new transaction in place of the one SQLite discarded.
+                raise _enclosing_rollback_error("write", "SQLITE_ABORT")
             self._ensure_sqlite_transaction()
             savepoint = self.conn.begin_nested()
             try:
@@ -324,11 +335,20 @@ class NestedRunner(_Base):
                     rolled_back = False
                 if isinstance(error, SchedulerKernelError):
                     raise
+                # On SQLITE_FULL / IOERR SQLite may roll back the whole enclosing transaction
+                # itself: the savepoint is gone, but provably nothing of it was committed.
+                enclosing_gone = not rolled_back and _dbapi_in_transaction(self.conn) is False
                 classified = _classify(
-                    error, phase="write", commit_state="not_committed" if rolled_back else "unknown"
+                    error,
+                    phase="write",
+                    commit_state="not_committed" if rolled_back or enclosing_gone else "unknown",
                 )
                 if classified is None:
                     raise
+                if enclosing_gone:
+                    self._enclosing_rolled_back = True
+                    details = classified.details
+                    classified = _enclosing_rollback_error(details["phase"], details["storageCode"])
                 raise classified from error
 
     def _ensure_sqlite_transaction(self) -> None:
