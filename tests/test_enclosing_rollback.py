@@ -65,3 +65,44 @@ def test_full_disk_inside_on_connection_reports_the_lost_enclosing_transaction(t
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM occurrences")).scalar() == 0
     engine.dispose()
+
+
+def test_transaction_block_on_a_connection_store_is_a_savepoint(tmp_path: Path) -> None:
+    db = tmp_path / "kernel.sqlite"
+    with open_store(db, clock=lambda: T0) as store:
+        store.create_job(id="j", kind="routine", authority=AUTHORITY)
+    engine = _engine(db)
+    with engine.begin() as conn:
+        store = SchedulerStore.on_connection(conn, clock=lambda: T0)
+        store.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key="kept")
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            tx.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key="block-1")
+            tx.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key="block-2")
+            raise RuntimeError("application failure inside the block")
+        with store.transaction() as tx:
+            tx.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key="block-3")
+    with engine.connect() as conn:
+        keys = conn.execute(text("SELECT trigger_key FROM occurrences ORDER BY trigger_key")).scalars().all()
+    assert keys == ["block-3", "kept"]
+    engine.dispose()
+
+
+def test_swallowed_full_disk_inside_store_transaction_is_not_reported_as_committed(tmp_path: Path) -> None:
+    db = tmp_path / "kernel.sqlite"
+    with open_store(db, clock=lambda: T0) as store:
+        store.create_job(id="j", kind="routine", authority=AUTHORITY)
+        conn = store.connection
+        _cap_pages(conn, 8)
+        conn.commit()
+        with pytest.raises(SchedulerKernelError) as raised, store.transaction() as tx:
+            tx.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key="first")
+            try:
+                for index in range(50):
+                    tx.enqueue_occurrence(
+                        job_id="j", scheduled_for=T0, trigger_key=f"k{index}", payload="x" * 200_000
+                    )
+            except SchedulerKernelError as swallowed:
+                assert swallowed.details["commitState"] == "not_committed"
+        assert raised.value.code == "SCHEDULER_STORAGE_UNAVAILABLE"
+        assert raised.value.details["commitState"] == "not_committed"
+        assert store.list_occurrences_by_trigger(job_id="j", trigger_key="first") == []

@@ -89,14 +89,17 @@ class SchedulerStore(
 
     @contextmanager
     def transaction(self) -> Iterator[SchedulerStore]:
-        """A store view whose calls all commit (on normal exit) or roll back together."""
+        """A store view whose calls all commit (on normal exit) or roll back together.
+
+        On a store from :meth:`on_connection` the block is a SAVEPOINT inside the caller's
+        transaction: an exception rolls the block back; the caller still owns the commit.
+        """
         self._assert_open()
         runner = self._runner
-        if isinstance(runner, OwnedRunner):
-            with runner.outer_transaction() as nested:
-                yield type(self)(nested, clock=self._clock, uuid_factory=self._uuid_factory)
-        else:
-            yield self
+        if not isinstance(runner, (OwnedRunner, NestedRunner)):
+            raise TypeError(f"unsupported runner {type(runner).__name__}")
+        with runner.outer_transaction() as nested:
+            yield type(self)(nested, clock=self._clock, uuid_factory=self._uuid_factory)
 
     def schema_info(self) -> SchemaInfo:
         """Application id, schema version and the newest ``migrations`` row."""

@@ -211,6 +211,10 @@ class _Base:
         now = _sample_clock(self.clock) if sample_clock else 0
         return Tx(self.conn, now, self.uuid_factory, fast)
 
+    def _child(self) -> NestedRunner:
+        """A runner for the operations of a block, sharing this connection, lock and fast path."""
+        return NestedRunner(self.conn, self.clock, self.uuid_factory, lock=self.lock, fastpath=self.fastpath)
+
 
 class OwnedRunner(_Base):
     """Runs each operation in its own transaction on a connection the store owns."""
@@ -267,10 +271,10 @@ class OwnedRunner(_Base):
         with self.lock:
             transaction = self.conn.begin()
             begin_sqlite_transaction(self.conn)
+            inner = self._child()
             try:
-                yield NestedRunner(
-                    self.conn, self.clock, self.uuid_factory, lock=self.lock, fastpath=self.fastpath
-                )
+                yield inner
+                inner.raise_if_enclosing_rolled_back()
             except BaseException:
                 self._rollback(transaction)
                 raise
@@ -350,6 +354,31 @@ class NestedRunner(_Base):
                     details = classified.details
                     classified = _enclosing_rollback_error(details["phase"], details["storageCode"])
                 raise classified from error
+
+    def raise_if_enclosing_rolled_back(self) -> None:
+        """Refuse to report success for a block whose transaction SQLite already discarded."""
+        if self._enclosing_rolled_back:
+            raise _enclosing_rollback_error("commit", "SQLITE_ABORT")
+
+    @contextmanager
+    def outer_transaction(self) -> Iterator[NestedRunner]:
+        """A SAVEPOINT around a block of operations inside the enclosing transaction."""
+        with self.lock:
+            if self._enclosing_rolled_back:
+                raise _enclosing_rollback_error("write", "SQLITE_ABORT")
+            self._ensure_sqlite_transaction()
+            savepoint = self.conn.begin_nested()
+            inner = self._child()
+            try:
+                yield inner
+                inner.raise_if_enclosing_rolled_back()
+            except BaseException:
+                self._enclosing_rolled_back = self._enclosing_rolled_back or inner._enclosing_rolled_back
+                with suppress(Exception):
+                    if savepoint.is_active:
+                        savepoint.rollback()
+                raise
+            savepoint.commit()
 
     def _ensure_sqlite_transaction(self) -> None:
         # pysqlite starts its implicit transaction lazily; a SAVEPOINT opened outside one would
