@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from scheduler import bench
 from scheduler.cli import demo_cmd, operator, reads, schema_cmds
 from scheduler.cli.common import DbOption, configure_logging, set_root_db
 
@@ -45,6 +46,7 @@ app.add_typer(operator.adjudication_app, name="adjudication")
 app.add_typer(operator.migrations_app, name="migrations")
 app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
+bench.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,85 @@
+"""The ``bench`` command (``scheduler bench`` once registered, or ``python -m scheduler.bench``)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from scheduler.bench.context import SCALE_ENV, make_config
+from scheduler.bench.report import markdown, profile_markdown, render, rich_progress, write_json
+from scheduler.bench.runner import run_benchmarks
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """How this run was invoked, normalized to ``python -m scheduler.bench …`` or ``scheduler …``."""
+    args = list(sys.argv if argv is None else argv)
+    if args and Path(args[0]).name == "__main__.py":
+        return shlex.join(["python", "-m", "scheduler.bench", *args[1:]])
+    return shlex.join(["scheduler", *args[1:]])
+
+
+def parse_depths(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        depths = tuple(int(part.replace("_", "")) for part in text.split(",") if part.strip())
+    except ValueError as error:
+        raise typer.BadParameter("depths must be comma-separated integers") from error
+    if not depths or min(depths) < 10:
+        raise typer.BadParameter("each depth must be at least 10")
+    return depths
+
+
+def bench_command(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smaller sizes, depths up to 100k: under a minute.")
+    ] = False,
+    json_file: Annotated[
+        Path | None, typer.Option("--json", help="Write every figure as JSON to FILE.")
+    ] = None,
+    markdown_file: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the result tables as Markdown to FILE.")
+    ] = None,
+    scale: Annotated[
+        float | None,
+        typer.Option(
+            "--scale", envvar=SCALE_ENV, min=0.0001, help="Multiply every count and depth (tests: 0.01)."
+        ),
+    ] = None,
+    depths: Annotated[
+        str | None, typer.Option("--depths", help="Comma-separated queue depths to measure.")
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="Worker processes.")] = 4,
+    profile: Annotated[
+        bool, typer.Option("--profile", help="Also cProfile enqueue_occurrence and claim_next + settle.")
+    ] = False,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Where the temporary databases go (default: system temp).")
+    ] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary databases.")] = False,
+) -> None:
+    """Measure the store on a temporary WAL database (synchronous=FULL) against the raw commit floor."""
+    config = make_config(
+        quick=quick, scale=scale, depths=parse_depths(depths), workers=workers, profile=profile
+    )
+    console = Console(stderr=True)
+    with rich_progress(console) as progress:
+        result = run_benchmarks(config, progress, command=command_line(), directory=directory, keep=keep)
+    render(result, Console())
+    if result.profile is not None:
+        Console().print(profile_markdown(result.profile), markup=False, highlight=False)
+    if json_file is not None:
+        write_json(result, json_file)
+    if markdown_file is not None:
+        text = markdown(result)
+        if result.profile is not None:
+            text += "\n" + profile_markdown(result.profile)
+        markdown_file.write_text(text, encoding="utf-8")
+    proof = next((target for target in result.targets if "exactly once" in target.name), None)
+    if proof is not None and proof.met is False:
+        raise typer.Exit(1)

@@ -1,0 +1,162 @@
+"""The schema floor: the same row changes as enqueue and claim + settle, in raw ``sqlite3``.
+
+A commit of the store writes every page its rows and indexes touch (``occurrences`` with three
+indexes, ``events`` with two and ``sqlite_sequence``), about ten WAL frames instead of the floor
+loop's one. These loops make exactly those changes with hand-written SQL and no Python layer,
+so ``store figure ÷ schema floor`` is the share the library itself costs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any, Final
+
+from scheduler.bench.context import BENCH_JOB_ID, LEASE_MS, Context
+from scheduler.bench.depth import INSERT_EVENT, INSERT_OCCURRENCE, DepthBuilder, depth_job
+from scheduler.bench.model import GROUP_FLOOR, Spec
+from scheduler.bench.stores import open_bench_store, wall_ms
+from scheduler.bench.timing import Record, cpu_us, rate
+
+OWNER: Final = "schema-floor"
+SCHEMA_ENQUEUE = Spec(
+    "schema_floor_enqueue_per_s",
+    "schema floor: enqueue's INSERTs (occurrence + event), raw sqlite3",
+    "ops/s",
+    "rate",
+    GROUP_FLOOR,
+)
+SCHEMA_BATCH = Spec(
+    "schema_floor_batch_items_per_s",
+    "schema floor: 100 enqueues' INSERTs per transaction (executemany)",
+    "items/s",
+    "rate",
+    GROUP_FLOOR,
+)
+SCHEMA_CYCLES = Spec(
+    "schema_floor_cycles_per_s",
+    "schema floor: claim + settle row changes, raw sqlite3",
+    "cycles/s",
+    "rate",
+    GROUP_FLOOR,
+)
+_HEAD: Final = (
+    "SELECT occurrence_id, attempt, fence FROM occurrences WHERE status = 'queued' AND available_at <= ? "
+    "ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id LIMIT 1"
+)
+_CLAIM: Final = (
+    "UPDATE occurrences SET status = 'running', attempt = ?, fence = ?, lease_owner = ?, "
+    "lease_expires_at = ?, updated_at = ? WHERE occurrence_id = ? AND fence = ?"
+)
+_SETTLE: Final = (
+    "UPDATE occurrences SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, "
+    "updated_at = ?, settled_at = ? WHERE occurrence_id = ? AND status = 'running' AND lease_owner = ? "
+    "AND fence = ?"
+)
+_EVENT: Final = (
+    "INSERT INTO events (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _connect(path: Any) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None, timeout=30)
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("PRAGMA foreign_keys = ON")
+    return connection
+
+
+def _cycle(connection: sqlite3.Connection) -> None:
+    now = wall_ms()
+    connection.execute("BEGIN IMMEDIATE")
+    occurrence_id, attempt, fence = connection.execute(_HEAD, (now,)).fetchone()
+    connection.execute(_CLAIM, (attempt + 1, fence + 1, OWNER, now + LEASE_MS, now, occurrence_id, fence))
+    claimed = f'{{"attempt":{attempt + 1},"previousOwner":null,"previousStatus":"queued"}}'
+    connection.execute(
+        _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_claimed", now, OWNER, fence + 1, claimed)
+    )
+    connection.execute("COMMIT")
+    now = wall_ms()
+    connection.execute("BEGIN IMMEDIATE")
+    connection.execute(_SETTLE, (now, now, occurrence_id, OWNER, fence + 1))
+    settled = f'{{"attempt":{attempt + 1},"maxAttempts":3}}'
+    connection.execute(
+        _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_succeeded", now, OWNER, fence + 1, settled)
+    )
+    connection.execute("COMMIT")
+
+
+def _enqueues(ctx: Context, connection: sqlite3.Connection, builder: DepthBuilder, record: Record) -> int:
+    """One enqueue's rows per transaction; returns how many were queued."""
+    count = ctx.config.enqueue_single
+    task = ctx.progress.task("schema floor: enqueue INSERTs", count)
+    budget, done = ctx.budget(), 0
+    started, cpu_started = time.perf_counter(), time.process_time()
+    while done < count and not budget.spent(done):
+        occurrences, events = builder.rows(done, done + 1, wall_ms())
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute(INSERT_OCCURRENCE, occurrences[0])
+        connection.execute(INSERT_EVENT, events[0])
+        connection.execute("COMMIT")
+        done += 1
+        task.advance()
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    record(SCHEMA_ENQUEUE.key, rate(done, elapsed), count=done, cpu_us_per_item=cpu_us(cpu, done))
+    task.finish()
+    return done
+
+
+def _batches(
+    ctx: Context, connection: sqlite3.Connection, builder: DepthBuilder, record: Record, first: int
+) -> None:
+    """``enqueue_batch`` enqueues' rows per transaction (``executemany``), built in Python."""
+    count, batch = ctx.config.enqueue_many_items, ctx.config.enqueue_batch
+    task = ctx.progress.task(f"schema floor: {batch} enqueues per transaction", count)
+    budget, done = ctx.budget(), 0
+    started, cpu_started = time.perf_counter(), time.process_time()
+    while done < count and not budget.spent(done):
+        size = min(batch, count - done)
+        occurrences, events = builder.rows(first + done, first + done + size, wall_ms())
+        connection.execute("BEGIN IMMEDIATE")
+        connection.executemany(INSERT_OCCURRENCE, occurrences)
+        connection.executemany(INSERT_EVENT, events)
+        connection.execute("COMMIT")
+        done += size
+        task.advance(size)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    record(SCHEMA_BATCH.key, rate(done, elapsed), count=done, batch=batch, cpu_us_per_item=cpu_us(cpu, done))
+    task.finish()
+
+
+def _cycles(ctx: Context, connection: sqlite3.Connection, record: Record, queued: int) -> None:
+    cycles = min(queued, ctx.config.cycles)
+    task = ctx.progress.task("schema floor: claim + settle row changes", cycles)
+    budget, done = ctx.budget(), 0
+    started, cpu_started = time.perf_counter(), time.process_time()
+    while done < cycles and not budget.spent(done):
+        _cycle(connection)
+        done += 1
+        task.advance()
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    record(SCHEMA_CYCLES.key, rate(done, elapsed), count=done, cpu_us_per_item=cpu_us(cpu, done))
+    task.finish()
+
+
+def measure_schema_floor(ctx: Context, record: Record) -> None:
+    """Raw-SQL enqueues (one and many per transaction), then claim + settle cycles."""
+    path = ctx.path("schema-floor.sqlite")
+    store = open_bench_store(path)
+    try:
+        builder = DepthBuilder(path, depth_job(store), prefix="schema")
+    finally:
+        store.close()
+    connection = _connect(path)
+    try:
+        queued = _enqueues(ctx, connection, builder, record)
+        _cycles(ctx, connection, record, queued)
+        _batches(ctx, connection, builder, record, first=queued)
+    finally:
+        connection.close()
+
+
+SCHEMA_SPECS: Final = (SCHEMA_ENQUEUE, SCHEMA_BATCH, SCHEMA_CYCLES)
