@@ -36,6 +36,8 @@ from scheduler.store.occurrence_rows import EventLog, occurrence_record, validat
 from scheduler.store.records import Occurrence
 from scheduler.store.session import Tx
 from scheduler.store.settlement import (
+    APPLY_ADJUDICATION,
+    SETTLE_RESERVATION,
     SettleRequest,
     lease_lost,
     normalize_settle,
@@ -117,23 +119,6 @@ _CONSUME_RETRY: Final = Prepared(
     )
     .values(claimed_at=bindparam("p_now"))
 )
-_adj = t.adjudications
-_APPLY_ADJUDICATION: Final = Prepared(
-    update(_adj)
-    .where(_adj.c.occurrence_id == bindparam("p_id"), _adj.c.status == "pending")
-    .values(
-        status="applied",
-        applied_at=bindparam("p_now"),
-        retry_settled_at=bindparam("p_now"),
-        retry_outcome_json=bindparam("p_outcome"),
-    )
-)
-_res = t.authority_reservations
-_FAIL_RESERVATION: Final = Prepared(
-    update(_res)
-    .where(_res.c.occurrence_id == bindparam("p_id"), _res.c.status == "reserved")
-    .values(status="failed", outcome_json=bindparam("p_outcome"), settled_at=bindparam("p_now"))
-)
 
 
 def normalize_lease_ms(value: Any) -> int:
@@ -182,8 +167,8 @@ def sweep_expired(tx: Tx, rows: Sequence[StoredRow], events: EventLog) -> None:
         }
         if row.adjudication_request_id is not None:
             settled = {"p_id": row.occurrence_id, "p_now": tx.now, "p_outcome": _SWEEP_OUTCOME_JSON}
-            tx.changes(_APPLY_ADJUDICATION, settled)
-            tx.changes(_FAIL_RESERVATION, settled)
+            tx.changes(APPLY_ADJUDICATION, settled)
+            tx.changes(SETTLE_RESERVATION, {**settled, "p_status": "failed"})
             data["adjudicationRequestId"] = row.adjudication_request_id
         events.add(
             job_id=row.job_id,

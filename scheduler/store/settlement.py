@@ -110,12 +110,12 @@ _TERMINALIZE: Final = Prepared(
         updated_at=bindparam("p_now"),
     )
 )
-_SETTLE_RESERVATION: Final = Prepared(
+SETTLE_RESERVATION: Final = Prepared(
     update(_res)
     .where(_res.c.occurrence_id == bindparam("p_id"), _res.c.status == "reserved")
     .values(status=bindparam("p_status"), outcome_json=bindparam("p_outcome"), settled_at=bindparam("p_now"))
 )
-_APPLY_ADJUDICATION: Final = Prepared(
+APPLY_ADJUDICATION: Final = Prepared(
     update(_adj)
     .where(_adj.c.occurrence_id == bindparam("p_id"), _adj.c.status == "pending")
     .values(
@@ -242,7 +242,7 @@ def _settle_reservation(tx: Tx, current: Mapping[str, Any], status: str, outcome
         "p_outcome": canonical_json(outcome, "authoritySettlement"),
         "p_now": tx.now,
     }
-    if tx.changes(_SETTLE_RESERVATION, params) != 1:
+    if tx.changes(SETTLE_RESERVATION, params) != 1:
         raise SchedulerKernelError(
             "SCHEDULER_AUTHORITY_SETTLEMENT_CONFLICT",
             f"Scheduler authority reservation could not be settled: {current['occurrence_id']}",
@@ -257,7 +257,7 @@ def _settle_adjudication(tx: Tx, current: Mapping[str, Any], status: str, outcom
         "p_outcome": canonical_json(outcome, "adjudication.retryOutcome"),
         "p_now": tx.now,
     }
-    if tx.changes(_APPLY_ADJUDICATION, params) != 1:
+    if tx.changes(APPLY_ADJUDICATION, params) != 1:
         raise SchedulerKernelError(
             "SCHEDULER_ADJUDICATION_SETTLEMENT_CONFLICT",
             f"Scheduler adjudication could not be settled: {current['occurrence_id']}",
