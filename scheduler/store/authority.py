@@ -28,10 +28,11 @@ from scheduler.contract.constants import (
     MIN_AUTHORITY_WINDOW_MS,
     RUNNING,
 )
-from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument, kernel_error
 from scheduler.contract.scalars import is_safe_int, normalize_boolean, normalize_identifier
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.jobs import not_found
 from scheduler.store.records import AuthorityPolicy, AuthorityReservation, Occurrence
 from scheduler.store.rows import data_corrupt, map_occurrence, read_stored_json
 from scheduler.store.session import Tx
@@ -62,12 +63,8 @@ def _normalize_policy_expected_revision(value: object) -> int | None:
     return int(value)
 
 
-def kernel_error(code: str, message: str, details: Any = None) -> SchedulerKernelError:
-    return SchedulerKernelError(code, message, details)
-
-
 def occurrence_not_found(occurrence_id: str) -> SchedulerKernelError:
-    return kernel_error("SCHEDULER_NOT_FOUND", f"Scheduler occurrence does not exist: {occurrence_id}")
+    return not_found("occurrence", occurrence_id)
 
 
 # --------------------------------------------------------------------------- rows
