@@ -12,7 +12,7 @@ import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -33,6 +33,7 @@ from scheduler.schema.catalog import list_user_tables, read_pragma_int
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.store import SchedulerStore, default_database_path, open_store
 from scheduler.store.failures import CONTENTION_CODES, find_storage_failure_code
+from scheduler.store.records import Record
 
 log = logging.getLogger("scheduler.cli")
 
@@ -93,6 +94,16 @@ def new_table(*headers: str, title: str | None = None) -> Table:
 
 def emit_json(data: Any) -> None:
     typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+def emit_listing(
+    key: str, records: Sequence[Record], *, limit: int, as_json: bool, table: Callable[[], Any]
+) -> None:
+    """A list command's output: ``{key: [...], count, limit}`` as JSON, else the rich table."""
+    if as_json:
+        emit_json({key: [record.to_dict() for record in records], "count": len(records), "limit": limit})
+    else:
+        console().print(table())
 
 
 def fmt_ms(value: int | None) -> str:

@@ -16,6 +16,7 @@ from scheduler.cli.common import (
     compact,
     console,
     emit_json,
+    emit_listing,
     fmt_ms,
     new_table,
     not_found,
@@ -113,10 +114,7 @@ def adjudication_list(limit: StoreLimitOption = 50, db: DbOption = None, as_json
     """Dead letters whose outcome is unknown and that may be adjudicated."""
     with read_store(db) as store:
         cases = store.list_adjudication_cases(limit=limit)
-    if as_json:
-        emit_json({"cases": [case.to_dict() for case in cases], "count": len(cases), "limit": limit})
-    else:
-        console().print(cases_table(cases))
+    emit_listing("cases", cases, limit=limit, as_json=as_json, table=lambda: cases_table(cases))
 
 
 @adjudication_app.command("show")
@@ -186,10 +184,7 @@ def migrations_list(
     """Domain migrations, newest first."""
     with read_store(db) as store:
         found = store.list_domain_migrations(state=state, limit=limit)
-    if as_json:
-        emit_json({"migrations": [item.to_dict() for item in found], "count": len(found), "limit": limit})
-    else:
-        console().print(migrations_table(found))
+    emit_listing("migrations", found, limit=limit, as_json=as_json, table=lambda: migrations_table(found))
 
 
 @migrations_app.command("show")
@@ -246,7 +241,4 @@ def controls_list(
     kinds = tuple(kind) if kind else RUNTIME_CONTROL_JOB_KINDS
     with read_store(db) as store:
         found = store.list_runtime_control_occurrences(statuses=statuses, job_kinds=kinds, limit=limit)
-    if as_json:
-        emit_json({"occurrences": [item.to_dict() for item in found], "count": len(found), "limit": limit})
-    else:
-        console().print(controls_table(found))
+    emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: controls_table(found))

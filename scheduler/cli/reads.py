@@ -18,6 +18,7 @@ from scheduler.cli.common import (
     compact,
     console,
     emit_json,
+    emit_listing,
     fmt_ms,
     new_table,
     not_found,
@@ -96,10 +97,7 @@ def jobs_list(
     """List jobs by id."""
     with read_store(db) as store:
         jobs = queries.list_jobs(store.connection, kind=kind, limit=limit)
-    if as_json:
-        emit_json({"jobs": [job.to_dict() for job in jobs], "count": len(jobs), "limit": limit})
-    else:
-        console().print(jobs_table(jobs))
+    emit_listing("jobs", jobs, limit=limit, as_json=as_json, table=lambda: jobs_table(jobs))
 
 
 @jobs_app.command("show")
@@ -134,10 +132,7 @@ def occurrences_list(
     """List occurrences, most recently updated first."""
     with read_store(db) as store:
         found = queries.list_occurrences(store.connection, status=status, job_id=job, limit=limit)
-    if as_json:
-        emit_json({"occurrences": [item.to_dict() for item in found], "count": len(found), "limit": limit})
-    else:
-        console().print(occurrences_table(found))
+    emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: occurrences_table(found))
 
 
 @occurrences_app.command("show")
@@ -181,10 +176,7 @@ def history_command(
     """The event history, newest first."""
     with read_store(db) as store:
         events = store.history(job_id=job, occurrence_id=occurrence, limit=limit)
-    if as_json:
-        emit_json({"events": [event.to_dict() for event in events], "count": len(events), "limit": limit})
-    else:
-        console().print(events_table(events))
+    emit_listing("events", events, limit=limit, as_json=as_json, table=lambda: events_table(events))
 
 
 @command
@@ -194,7 +186,10 @@ def dead_letters_command(
     """Dead-lettered occurrences, most recently settled first."""
     with read_store(db) as store:
         dead = store.list_dead_letters(job_id=job, limit=limit)
-    if as_json:
-        emit_json({"deadLetters": [item.to_dict() for item in dead], "count": len(dead), "limit": limit})
-    else:
-        console().print(occurrences_table(dead, title="dead letters"))
+    emit_listing(
+        "deadLetters",
+        dead,
+        limit=limit,
+        as_json=as_json,
+        table=lambda: occurrences_table(dead, title="dead letters"),
+    )
