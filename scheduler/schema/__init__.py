@@ -10,6 +10,7 @@ from scheduler.schema.catalog import (
     expected_tables,
     list_user_tables,
     schema_fingerprint,
+    verify_catalog,
     verify_schema,
 )
 from scheduler.schema.ddl import (
@@ -132,6 +133,7 @@ __all__ = [
     "schema_fingerprint",
     "tables",
     "validate_now",
+    "verify_catalog",
     "verify_schema",
     "wall_clock_ms",
 ]

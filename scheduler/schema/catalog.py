@@ -262,6 +262,12 @@ def verify_schema(connection: Connection, version: int = ddl.SCHEDULER_STORE_SCH
     """
     _check_version(version)
     assert_database_integrity(connection)
+    verify_catalog(connection, version)
+
+
+def verify_catalog(connection: Connection, version: int = ddl.SCHEDULER_STORE_SCHEMA_VERSION) -> None:
+    """Every check of :func:`verify_schema` except ``quick_check`` (for a caller that just ran it)."""
+    _check_version(version)
     tables = _verify_tables(connection, version)
     _verify_identity(connection, version)
     _verify_table_shapes(connection, tables, version)

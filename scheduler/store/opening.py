@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool, StaticPool
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
-from scheduler.schema.catalog import verify_schema
+from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files
@@ -117,16 +117,18 @@ def _pragma(conn: Connection, sql: str) -> None:
 
 def _initialize_or_upgrade(conn: Connection, now: int) -> None:
     """Create an empty database or upgrade v1..v5 to v6 in ONE ``BEGIN IMMEDIATE`` transaction."""
-    version = inspect_database(conn)
+    version = inspect_database(conn)  # runs quick_check
     conn.commit()
-    if version != SCHEDULER_STORE_SCHEMA_VERSION:
+    if version == SCHEDULER_STORE_SCHEMA_VERSION:
+        verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION)  # quick_check just passed
+    else:
         with conn.begin():
             begin_sqlite_transaction(conn)
             # Re-inspect under the write lock: another process may have upgraded meanwhile.
             version = inspect_database(conn)
             if version != SCHEDULER_STORE_SCHEMA_VERSION:
                 apply_upgrade(conn, version, now)
-    verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION)
+        verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION)
     conn.commit()
 
 
