@@ -12,6 +12,7 @@ from scheduler.contract.canonical import canonical_json, normalize_json
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.jobs import normalize_job_definition
 from scheduler.contract.scalars import (
+    MISSING,
     assert_positive_safe_int,
     normalize_boolean,
     normalize_identifier,
@@ -24,7 +25,7 @@ from scheduler.store.records import Job
 from scheduler.store.rows import map_job
 from scheduler.store.session import Tx
 
-_OMITTED: Any = object()
+_OMITTED: Any = MISSING
 PATCH_FIELDS = ("kind", "trigger", "payload", "authority", "enabled", "maxAttempts")
 
 

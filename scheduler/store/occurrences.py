@@ -12,7 +12,7 @@ from scheduler.contract.canonical import canonical_json, normalize_and_encode_js
 from scheduler.contract.constants import QUEUED
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.identity import derive_occurrence_identity
-from scheduler.contract.scalars import is_safe_int, normalize_epoch_ms, normalize_identifier
+from scheduler.contract.scalars import MISSING, is_safe_int, normalize_epoch_ms, normalize_identifier
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
@@ -30,7 +30,7 @@ from scheduler.store.records import Occurrence
 from scheduler.store.rows import data_corrupt, map_job
 from scheduler.store.session import Tx
 
-OMITTED: Final[Any] = object()
+OMITTED: Final[Any] = MISSING  # payload not given: the job's payload is used
 """Default of ``payload``: the job's payload is used (``None`` is the JSON ``null``)."""
 
 DEFAULT_TRIGGER_LIST_LIMIT: Final = 2
