@@ -1,0 +1,102 @@
+"""Fixtures shared by the whole suite: the PostgreSQL server and the ``backend`` parameter.
+
+* ``postgres_server`` (session): the server of ``SCHEDULER_TEST_POSTGRES_URL``; skips when the
+  variable is unset, FAILS when it is set and the server does not answer.
+* ``pg_engine`` (session): an engine on the test run's database.
+* ``pg_schema``: a fresh schema name (not created yet), dropped with everything in it afterwards.
+* ``pg_database``: a fresh, empty database (URL), dropped afterwards.
+* ``backend``: parametrized ``"sqlite"`` / ``"postgresql"``; a ``backends.Backend`` with an
+  engine and the schema to use. Use it to run one test body on both backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from backends import (
+    BACKENDS,
+    HOW_TO_ENABLE,
+    POSTGRESQL,
+    SQLITE,
+    Backend,
+    PostgresServer,
+    configured_url,
+    describe_url,
+    sqlite_engine,
+    unique_name,
+    unreachable_message,
+)
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    url = configured_url()
+    return f"postgresql: {describe_url(url)}" if url else f"postgresql: not configured ({HOW_TO_ENABLE})"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the server ``postgresql`` (``-m "not postgresql"`` deselects them)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("backend") == POSTGRESQL
+        if on_postgres or "postgres_server" in names:
+            item.add_marker(pytest.mark.postgresql)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Skipped here rather than in the fixture so that pytest reports every such skip at this one
+    # location: one summary line saying how to enable them, not one line per test.
+    if configured_url() is None and item.get_closest_marker("postgresql") is not None:
+        raise pytest.skip.Exception(HOW_TO_ENABLE)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    url = configured_url()
+    if url is None:
+        pytest.skip(HOW_TO_ENABLE)
+    server = PostgresServer(url)
+    try:
+        server.check_reachable()
+    except OperationalError as error:
+        server.dispose()
+        pytest.fail(unreachable_message(url, error), pytrace=False)
+    yield server
+    server.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_engine(postgres_server: PostgresServer) -> Engine:
+    return postgres_server.engine
+
+
+@pytest.fixture
+def pg_schema(postgres_server: PostgresServer) -> Iterator[str]:
+    name = unique_name("t_schema")
+    yield name
+    postgres_server.drop_schema(name)
+
+
+@pytest.fixture
+def pg_database(postgres_server: PostgresServer) -> Iterator[URL]:
+    url = postgres_server.create_database()
+    yield url
+    postgres_server.drop_database(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == SQLITE:
+        engine = sqlite_engine(tmp_path / "backend.sqlite")
+        yield Backend(SQLITE, engine, "main")
+        engine.dispose()
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    schema = unique_name("t_schema")
+    yield Backend(POSTGRESQL, server.engine, schema)
+    server.drop_schema(schema)
