@@ -6,31 +6,22 @@ Every helper drives the public API of a real store on a SQLite file in ``tmp_pat
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sqlite3
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dump import dump
+from recorded import REFERENCE_DBS as REFERENCE_DBS
+from recorded import T0 as T0
+from recorded import UPGRADE_NOW as UPGRADE_NOW
+from recorded import copy_reference as copy_reference
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.contract.canonical import canonical_json
 from scheduler.store.records import Occurrence
-
-T0 = 1767225600000
-UPGRADE_NOW = 1767312000000
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures"
-REFERENCE_DBS = FIXTURES / "reference-dbs"
-TRACES = FIXTURES / "traces"
-TOOLS = SHARED / "tools"
-
-needs_reference_dbs = pytest.mark.skipif(
-    not REFERENCE_DBS.is_dir(), reason=f"reference databases not found at {REFERENCE_DBS}"
-)
 
 ALICE = {"type": "user", "id": "user-alice"}
 ALICE_AUTHORITY: dict[str, Any] = {
@@ -72,7 +63,7 @@ class Env:
         return self.store
 
     def dump(self) -> dict[str, Any]:
-        return dbdump().dump(str(self.path))
+        return dump(self.path)
 
     def sql(self, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run raw SQL on a second connection (test setup of states the API refuses to create)."""
@@ -88,14 +79,6 @@ class Env:
         return [event.to_dict() for event in reversed(self.store.history(occurrence_id=occurrence_id))]
 
 
-def dbdump() -> Any:
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    import dbdump as module
-
-    return module
-
-
 @contextmanager
 def env_at(tmp_path: Path, name: str = "kernel.sqlite", now: int = T0) -> Iterator[Env]:
     env = Env(tmp_path / name, now)
@@ -103,12 +86,6 @@ def env_at(tmp_path: Path, name: str = "kernel.sqlite", now: int = T0) -> Iterat
         yield env
     finally:
         env.store.close()
-
-
-def copy_reference(tmp_path: Path, version: int) -> Path:
-    target = tmp_path / f"v{version}.sqlite"
-    shutil.copy(REFERENCE_DBS / f"v{version}.sqlite", target)
-    return target
 
 
 def expect_error(code: str, call: Callable[[], Any]) -> SchedulerKernelError:

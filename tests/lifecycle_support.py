@@ -8,23 +8,20 @@ with SQLAlchemy Core on a second connection, as another engineer's module would 
 from __future__ import annotations
 
 import sqlite3
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dump import dump
+from recorded import T0 as T0
 from sqlalchemy import create_engine, insert
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.schema import tables as t
 from scheduler.store.records import Occurrence
 
-T0 = 1767225600000
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-TOOLS = SHARED / "tools"
-TRACES = SHARED / "fixtures" / "traces"
 INVALID = "SCHEDULER_INVALID_ARGUMENT"
 
 AUTHORITY: dict[str, Any] = {
@@ -36,15 +33,6 @@ AUTHORITY: dict[str, Any] = {
 CAPABILITY_JSON = '{"pauseResume":"checkpoint_v1","safePoints":["adapter_checkpoint"],"schemaVersion":1}'
 CAPABILITY_DIGEST = "sha256:" + "ab" * 32
 DIGEST = "sha256:" + "cd" * 32
-
-
-def dbdump() -> Any:
-    """The shared, independent dump tool (``/work/shared/tools/dbdump.py``)."""
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    import dbdump as module
-
-    return module
 
 
 class Env:
@@ -78,8 +66,7 @@ class Env:
         return self.store
 
     def dump(self) -> dict[str, Any]:
-        dumped: dict[str, Any] = dbdump().dump(str(self.path))
-        return dumped
+        return dump(self.path)
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.dump()["tables"][table]

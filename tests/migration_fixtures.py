@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded import T0 as T0
 
 from scheduler import SchedulerKernelError, open_store
 from scheduler.store.facade import SchedulerStore
 
-T0 = 1767225600000
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures"
 UUID_PREFIX = "00000000-0000-4000-8000-"
 
 AGENDA_SCOPE = {"store": "agent-schedule", "directory": "/home/alice/.chainlesschain/agenda"}

@@ -13,37 +13,22 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.util import CommandError
+from dump import diff, dump
+from recorded import REFERENCE_DBS, T0, UPGRADE_NOW, copy_reference
 
 from scheduler.schema import SCHEDULER_APPLICATION_ID, SCHEMA_FINGERPRINTS, SCHEMA_V6_FINGERPRINT
 
 REPO = Path(__file__).resolve().parents[1]
 ALEMBIC_INI = REPO / "alembic.ini"
-FIXTURES = REPO.parent / "shared" / "fixtures"
-REFERENCE_DBS = FIXTURES / "reference-dbs"
-UPGRADE_NOW = 1767312000000
-T0 = 1767225600000
-
-needs_fixtures = pytest.mark.skipif(
-    not REFERENCE_DBS.is_dir(), reason=f"reference databases not found at {REFERENCE_DBS}"
-)
-
-
-def _dbdump() -> Any:
-    sys.path.insert(0, str(FIXTURES.parent / "tools"))
-    import dbdump
-
-    return dbdump
 
 
 def alembic_config(*x: str, stdout: io.StringIO | None = None) -> Config:
@@ -84,31 +69,22 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def reference_copy(tmp_path: Path, version: int) -> Path:
-    target = tmp_path / f"v{version}.sqlite"
-    shutil.copyfile(REFERENCE_DBS / f"v{version}.sqlite", target)
-    return target
-
-
-@needs_fixtures
 @pytest.mark.parametrize("version", range(1, 7))
 def test_upgrade_head_reproduces_the_recorded_upgrade(tmp_path: Path, version: int) -> None:
-    dbdump = _dbdump()
-    path = reference_copy(tmp_path, version)
+    path = copy_reference(tmp_path, version)
     assert current(path) == f"v{version}" + (" (head)" if version == 6 else "")
     upgrade(path)
     expected = json.loads((REFERENCE_DBS / f"v{version}.upgraded.json").read_text(encoding="utf-8"))
-    assert dbdump.diff(expected, dbdump.dump(path)) == []
+    assert diff(expected, dump(path)) == []
     assert not [name for name in catalog_names(path) if name.startswith("alembic")]
     assert current(path) == "v6 (head)"
 
 
 def test_empty_database_becomes_v6(tmp_path: Path) -> None:
-    dbdump = _dbdump()
     path = tmp_path / "empty.sqlite"
     assert current(path) == ""
     upgrade(path, now=T0)
-    dumped = dbdump.dump(path)
+    dumped = dump(path)
     assert dumped["fingerprint"] == SCHEMA_V6_FINGERPRINT
     assert (dumped["user_version"], dumped["application_id"]) == (6, SCHEDULER_APPLICATION_ID)
     assert [(r["version"], r["applied_at"]) for r in dumped["tables"]["migrations"]] == [
@@ -117,19 +93,18 @@ def test_empty_database_becomes_v6(tmp_path: Path) -> None:
     assert "alembic_version" not in catalog_names(path)
     assert current(path) == "v6 (head)"
     upgrade(path)  # already at head: nothing changes
-    assert dbdump.diff(dumped, dbdump.dump(path)) == []
+    assert diff(dumped, dump(path)) == []
 
 
 def test_each_revision_leaves_a_valid_database_of_its_version(tmp_path: Path) -> None:
-    dbdump = _dbdump()
     path = tmp_path / "stepwise.sqlite"
     for version in range(1, 7):
         upgrade(path, f"v{version}", now=T0 + version)
-        dumped = dbdump.dump(path)
+        dumped = dump(path)
         assert dumped["user_version"] == version
         assert dumped["fingerprint"] == SCHEMA_FINGERPRINTS[version]
         assert current(path) == f"v{version}" + (" (head)" if version == 6 else "")
-    applied = [r["applied_at"] for r in dbdump.dump(path)["tables"]["migrations"]]
+    applied = [r["applied_at"] for r in dump(path)["tables"]["migrations"]]
     assert applied == [T0 + v for v in range(1, 7)]
 
 
@@ -159,9 +134,8 @@ def test_downgrade_is_refused_and_changes_nothing(tmp_path: Path, target: str) -
     assert current(path) == "v6 (head)"
 
 
-@needs_fixtures
 def test_drifted_database_is_refused_untouched(tmp_path: Path) -> None:
-    path = reference_copy(tmp_path, 2)
+    path = copy_reference(tmp_path, 2)
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("CREATE VIEW extra AS SELECT 1")
     con.close()
@@ -185,17 +159,15 @@ def test_foreign_database_is_refused_untouched(tmp_path: Path) -> None:
     assert digest(path) == before
 
 
-@needs_fixtures
 def test_failed_backfill_rolls_back_every_revision(tmp_path: Path) -> None:
-    dbdump = _dbdump()
-    path = reference_copy(tmp_path, 1)
+    path = copy_reference(tmp_path, 1)
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("UPDATE jobs SET authority_json = '{}' WHERE rowid = 1")
     con.close()
-    before = dbdump.dump(path)
+    before = dump(path)
     with pytest.raises(CommandError, match="SCHEDULER_DATA_CORRUPT"):
         upgrade(path)
-    assert dbdump.diff(before, dbdump.dump(path)) == []
+    assert diff(before, dump(path)) == []
     assert current(path) == "v1"
 
 
@@ -241,11 +213,9 @@ def test_history_has_one_forward_chain() -> None:
     assert heads.getvalue().split() == ["v6", "(scheduler)", "(head)"]
 
 
-@needs_fixtures
 def test_command_line(tmp_path: Path) -> None:
     """The real CLI, from another working directory: ``alembic -c alembic.ini -x ... upgrade head``."""
-    dbdump = _dbdump()
-    path = reference_copy(tmp_path, 3)
+    path = copy_reference(tmp_path, 3)
     env = {k: v for k, v in os.environ.items() if k != "SCHEDULER_DATABASE_URL"}
     base = [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), "-x", f"url=sqlite:///{path}"]
     run = subprocess.run(
@@ -258,7 +228,7 @@ def test_command_line(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     expected = json.loads((REFERENCE_DBS / "v3.upgraded.json").read_text(encoding="utf-8"))
-    assert dbdump.diff(expected, dbdump.dump(path)) == []
+    assert diff(expected, dump(path)) == []
     shown = subprocess.run(
         [*base, "current"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from recorded import copy_reference, reference_dump
 from typer.testing import CliRunner, Result
 
 from scheduler import open_store
@@ -26,8 +27,6 @@ from scheduler.contract.constants import (
 from scheduler.schema import MIGRATION_V1_SQL, MIGRATION_V6_SQL, SCHEMA_V6_FINGERPRINT
 from scheduler.testing import T0, SchedulerClock
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REFERENCE_DBS = SHARED / "fixtures" / "reference-dbs"
 AUTHORITY = {"principal": {"type": "service", "id": "cli-test"}, "requestedCapabilities": ["report.run"]}
 
 runner = CliRunner()
@@ -45,16 +44,6 @@ def run_json(*args: str, exit_code: int = 0) -> Any:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def reference(name: str, tmp_path: Path) -> Path:
-    source = REFERENCE_DBS / name
-    if not source.exists():
-        pytest.skip(f"shared fixtures absent: {source}")
-    target = tmp_path / name
-    shutil.copyfile(source, target)
-    target.chmod(0o600)
-    return target
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +117,7 @@ def test_init_dry_run_and_sql_write_nothing(tmp_path: Path) -> None:
 
 
 def test_upgrade_takes_a_v3_database_to_v6(tmp_path: Path) -> None:
-    path = reference("v3.sqlite", tmp_path)
+    path = copy_reference(tmp_path, 3)
     before = sha256(path)
     dry = run_json("upgrade", "--db", str(path), "--dry-run")
     assert dry["fromVersion"] == 3 and [step["version"] for step in dry["steps"]] == [4, 5, 6]
@@ -245,7 +234,7 @@ def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
 
 
 def test_verify_accepts_an_older_version_and_says_an_upgrade_is_pending(tmp_path: Path) -> None:
-    path = reference("v5.sqlite", tmp_path)
+    path = copy_reference(tmp_path, 5)
     result = invoke("verify", "--db", str(path))
     assert result.exit_code == 0 and "upgrade to v6 is pending" in result.stdout
     assert run_json("verify", "--db", str(path))["schemaVersion"] == 5
@@ -407,9 +396,9 @@ def test_literal_choices_match_the_contract_constants() -> None:
 
 
 def test_reference_migrations_controls_and_dead_letters(tmp_path: Path) -> None:
-    path = reference("v6.sqlite", tmp_path)
+    path = copy_reference(tmp_path, 6)
     before = sha256(path)
-    dump = json.loads((REFERENCE_DBS / "v6.json").read_text())["tables"]
+    dump = reference_dump(6)["tables"]
     migrations = run_json("migrations", "list", "--db", str(path))
     assert set(migrations) == {"migrations", "count", "limit"}
     assert sorted(item["id"] for item in migrations["migrations"]) == sorted(
@@ -444,7 +433,7 @@ def test_read_commands_never_create_or_upgrade(tmp_path: Path) -> None:
     missing = tmp_path / "missing.sqlite"
     assert invoke("jobs", "list", "--db", str(missing)).exit_code == 1
     assert not missing.exists()
-    old = reference("v3.sqlite", tmp_path)
+    old = copy_reference(tmp_path, 3)
     before = sha256(old)
     result = invoke("history", "--db", str(old))
     assert result.exit_code == 1 and "scheduler upgrade" in result.stderr

@@ -1,4 +1,4 @@
-"""Every recorded vector of the original's pure functions (../shared/fixtures/vectors/).
+"""Every recorded vector of the original's pure functions (tests/fixtures/vectors/).
 
 ``domain_migration_plans.json`` is exercised by the domain-migration tests, not here.
 
@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded import UNDEFINED, VECTORS, decode, document
 
 from scheduler.contract import (
     SchedulerKernelError,
@@ -40,58 +39,9 @@ from scheduler.contract import (
     scheduler_source_path_dirname,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-VECTORS = FIXTURES / "vectors"
 NOT_HERE = {"domain_migration_plans.json"}  # owned by the domain-migration tests
 INVALID_ARGUMENT = "SCHEDULER_INVALID_ARGUMENT"
 JS_NUMBER_NOTES = ("single number type", "Number.isSafeInteger")
-
-if not VECTORS.is_dir():
-    pytest.skip(f"recorded vectors not found at {VECTORS}", allow_module_level=True)
-
-
-class _Undefined:
-    """JavaScript ``undefined``: not a JSON value, and an absent key inside documents."""
-
-    def __repr__(self) -> str:
-        return "undefined"
-
-
-UNDEFINED = _Undefined()
-
-
-def decode(value: Any) -> Any:
-    """Decode the ``$js`` tags of fixtures README §2 (as ``tools/trace_replay.py`` does)."""
-    if isinstance(value, dict):
-        if "$js" in value:
-            tag = value["$js"]
-            simple = {"-0": -0.0, "NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-            if tag in simple:
-                return simple[tag]
-            if tag == "undefined":
-                return UNDEFINED
-            if tag == "float":
-                return float(value["repr"])
-            if tag == "repeat":
-                return value["string"] * value["count"]
-            if tag == "cycle":
-                cyclic: dict[str, Any] = {"a": 1}
-                cyclic["self"] = cyclic
-                return cyclic
-            raise ValueError(f"unknown tag {tag}")
-        return {key: decode(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [decode(item) for item in value]
-    return value
-
-
-def document(value: Any) -> Any:
-    """A wire document as Python passes it: ``undefined`` members are absent, ``undefined`` is None."""
-    if value is UNDEFINED:
-        return None
-    if isinstance(value, dict):
-        return {key: document(item) for key, item in value.items() if item is not UNDEFINED}
-    return value
 
 
 def argument(value: Any) -> Any:

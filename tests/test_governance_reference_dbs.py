@@ -14,7 +14,6 @@ from governance_support import (
     copy_reference,
     digest,
     expected_evidence,
-    needs_reference_dbs,
     resume,
 )
 
@@ -33,7 +32,6 @@ def _reference_rows(table: str) -> dict[str, dict[str, Any]]:
     return {row["occurrence_id"]: row for row in dump["tables"][table]}
 
 
-@needs_reference_dbs
 def test_upgraded_v3_cases_match_the_stored_rows(tmp_path: Path) -> None:
     env = Env(copy_reference(tmp_path, 3), UPGRADE_NOW)
     try:
@@ -78,7 +76,6 @@ def test_upgraded_v3_cases_match_the_stored_rows(tmp_path: Path) -> None:
         env.store.close()
 
 
-@needs_reference_dbs
 def test_the_recorded_evidence_digest_and_request_id_are_reproduced(tmp_path: Path) -> None:
     """Rewind the v3 pending adjudication to its dead-letter state and adjudicate it again."""
     recorded = _reference_rows("scheduler_occurrence_adjudications")[V3_PENDING]
@@ -125,7 +122,6 @@ V6_PAUSED = "occ_6fdc42d648429a5dbc349453bb40c893961312734225615467ef392b7be77d1
 V6_RESUMED = "occ_7fa9ea50db1ce2f4ec3516302ae4f0eb73c019a55730f5884e60228dda3c4e54"
 
 
-@needs_reference_dbs
 def test_the_v6_reference_controls_read_and_operate(tmp_path: Path) -> None:
     rows = {
         row["occurrence_id"]: row
@@ -169,7 +165,6 @@ def test_the_v6_reference_controls_read_and_operate(tmp_path: Path) -> None:
         env.store.close()
 
 
-@needs_reference_dbs
 def test_the_v6_reference_requeue_is_claimed_without_an_attempt(tmp_path: Path) -> None:
     occurrence_id = "occ_e8d366f42e37ab7a4eb24fcd5127d424b5654557389d6a5263fbc8a85a9a3a53"
     env = Env(copy_reference(tmp_path, 6), UPGRADE_NOW)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from migration_fixtures import (
-    FIXTURES,
     T0,
     Harness,
     agenda_entry,
@@ -25,6 +23,7 @@ from migration_fixtures import (
     target_job,
     uuid_for,
 )
+from recorded import UPGRADE_NOW, VECTORS, copy_reference
 
 from scheduler import open_store
 from scheduler.contract.digests import scheduler_migration_source_digest
@@ -33,7 +32,6 @@ from scheduler.contract.jobs import scheduler_job_definition_digest
 INVALID = "SCHEDULER_INVALID_ARGUMENT"
 STATE_CONFLICT = "SCHEDULER_MIGRATION_STATE_CONFLICT"
 TARGET_CHANGED = "SCHEDULER_MIGRATION_TARGET_CHANGED"
-UPGRADE_NOW = 1767312000000
 
 
 @pytest.fixture
@@ -486,24 +484,15 @@ PREPARED_ID = "scheduler-domain-migration-63768a81d35abdf482ebc20fd692ad9032c889
 REFERENCE_PLAN_CASE = 1  # domain_migration_plans.json: "same plan as the reference databases v5/v6"
 
 
-def _reference_copy(version: int, tmp_path: Path) -> Path:
-    source = FIXTURES / "reference-dbs" / f"v{version}.sqlite"
-    if not source.exists():
-        pytest.skip(f"reference database absent: {source}")
-    target = tmp_path / f"v{version}.sqlite"
-    shutil.copy(source, target)
-    return target
-
-
 def _reference_plan() -> dict[str, Any]:
-    cases = json.loads((FIXTURES / "vectors" / "domain_migration_plans.json").read_text())
+    cases = json.loads((VECTORS / "domain_migration_plans.json").read_text())
     result: dict[str, Any] = cases[REFERENCE_PLAN_CASE]["input"]
     return result
 
 
 @pytest.mark.parametrize("version", [4, 5])
 def test_reference_database_migrations_read_and_continue(version: int, tmp_path: Path) -> None:
-    path = _reference_copy(version, tmp_path)
+    path = copy_reference(tmp_path, version)
     now = {"v": UPGRADE_NOW}
     uuids = iter(uuid_for(k) for k in range(100, 200))
     with open_store(path, clock=lambda: now["v"], uuid_factory=lambda: next(uuids)) as store:

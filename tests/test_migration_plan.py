@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from migration_fixtures import (
-    FIXTURES,
     T0,
     Harness,
     agenda_entry,
@@ -20,6 +19,8 @@ from migration_fixtures import (
     raises,
     uuid_for,
 )
+from recorded import VECTORS, document
+from recorded import decode as decode_tags
 
 from scheduler import SchedulerKernelError, open_store
 from scheduler.contract.canonical import canonical_json, sha256_payload_digest
@@ -30,8 +31,7 @@ from scheduler.store.migrations.plan import (
 )
 
 INVALID = "SCHEDULER_INVALID_ARGUMENT"
-VECTORS_PATH = FIXTURES / "vectors" / "domain_migration_plans.json"
-VECTORS: list[dict[str, Any]] = json.loads(VECTORS_PATH.read_text()) if VECTORS_PATH.exists() else []
+PLAN_VECTORS: list[dict[str, Any]] = json.loads((VECTORS / "domain_migration_plans.json").read_text())
 ENTRY_OUTPUT_KEYS = (
     "entryId",
     "domain",
@@ -51,27 +51,16 @@ def h(tmp_path: Path) -> Iterator[Harness]:
     yield from harness_in(tmp_path)
 
 
-_UNDEFINED = object()
-
-
 def decode(value: Any) -> Any:
     """Fixture tags (README §2): a key whose value is ``undefined`` is an absent key here."""
-    if isinstance(value, dict):
-        if value.get("$js") == "undefined":
-            return _UNDEFINED
-        decoded = {key: decode(item) for key, item in value.items()}
-        return {key: item for key, item in decoded.items() if item is not _UNDEFINED}
-    if isinstance(value, list):
-        return [decode(item) for item in value]
-    return value
+    return document(decode_tags(value))
 
 
 def _case_id(case: dict[str, Any]) -> str:
     return str(case.get("note", "case"))[:60]
 
 
-@pytest.mark.skipif(not VECTORS, reason=f"fixture vectors absent: {VECTORS_PATH}")
-@pytest.mark.parametrize("case", VECTORS, ids=[_case_id(case) for case in VECTORS])
+@pytest.mark.parametrize("case", PLAN_VECTORS, ids=[_case_id(case) for case in PLAN_VECTORS])
 def test_recorded_plan_vector(case: dict[str, Any], tmp_path: Path) -> None:
     plan_input = decode(case["input"])
     output = case.get("output")

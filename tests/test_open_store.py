@@ -3,62 +3,35 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dump import diff, dump
+from recorded import T0, UPGRADE_NOW, copy_reference, reference_dump
 from sqlalchemy import create_engine
 
 from scheduler import SchedulerKernelError, open_store
 from scheduler.schema import SCHEMA_V6_FINGERPRINT, schema_fingerprint
 from scheduler.store.opening import default_database_path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures"
-T0 = 1767225600000
-UPGRADE_NOW = 1767312000000
-
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is not present")
-
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def dump(path: Path) -> dict[str, Any]:
-    sys.path.insert(0, str(SHARED / "tools"))
-    from dbdump import dump as _dump
-
-    result: dict[str, Any] = _dump(str(path))
-    return result
-
-
-def dump_diff(expected: dict[str, Any], path: Path) -> list[str]:
-    sys.path.insert(0, str(SHARED / "tools"))
-    from dbdump import diff
-
-    problems: list[str] = diff(expected, dump(path))
-    return problems
 
 
 def fresh(tmp_path: Path, name: str = "kernel.sqlite") -> Path:
     return tmp_path / name
 
 
-@needs_fixtures
 @pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6])
 def test_reference_database_upgrades_exactly_like_the_original(tmp_path: Path, version: int) -> None:
-    db = tmp_path / "kernel.sqlite"
-    shutil.copy(FIXTURES / "reference-dbs" / f"v{version}.sqlite", db)
+    db = copy_reference(tmp_path, version, "kernel.sqlite")
     with open_store(db, clock=lambda: UPGRADE_NOW) as store:
         assert store.schema_info().schema_version == 6
-    expected = json.loads((FIXTURES / "reference-dbs" / f"v{version}.upgraded.json").read_text())
-    assert dump_diff(expected, db) == []
+    assert diff(reference_dump(version, upgraded=True), dump(db)) == []
 
 
 def test_empty_database_is_created_at_v6_in_one_transaction(tmp_path: Path) -> None:
@@ -147,10 +120,8 @@ def test_non_empty_database_without_migrations_is_refused(tmp_path: Path) -> Non
     assert sha256(db) == before
 
 
-@needs_fixtures
 def test_drifted_old_version_is_refused_before_any_upgrade(tmp_path: Path) -> None:
-    db = tmp_path / "kernel.sqlite"
-    shutil.copy(FIXTURES / "reference-dbs" / "v2.sqlite", db)
+    db = copy_reference(tmp_path, 2, "kernel.sqlite")
     _tamper(db, "CREATE VIEW v AS SELECT 1;")
     before = sha256(db)
     with pytest.raises(SchedulerKernelError) as raised:

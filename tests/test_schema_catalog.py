@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sqlite3
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dump import diff, dump
+from recorded import REFERENCE_DBS, T0, UPGRADE_NOW, VERSIONS, copy_reference
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import NullPool
 
@@ -36,23 +36,6 @@ from scheduler.schema import (
     verify_schema,
 )
 from scheduler.schema.upgrade import ddl_statements
-
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-REFERENCE_DBS = FIXTURES / "reference-dbs"
-UPGRADE_NOW = 1767312000000
-T0 = 1767225600000
-VERSIONS = range(1, 7)
-
-needs_fixtures = pytest.mark.skipif(
-    not REFERENCE_DBS.is_dir(), reason=f"reference databases not found at {REFERENCE_DBS}"
-)
-
-
-def _dbdump() -> Any:
-    sys.path.insert(0, str(FIXTURES.parent / "tools"))
-    import dbdump
-
-    return dbdump
 
 
 def sqlite_engine(path: Path) -> Engine:
@@ -93,12 +76,6 @@ def raw(path: Path, *statements: str) -> None:
 
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def reference_copy(tmp_path: Path, version: int) -> Path:
-    target = tmp_path / f"v{version}.sqlite"
-    shutil.copyfile(REFERENCE_DBS / f"v{version}.sqlite", target)
-    return target
 
 
 @pytest.fixture
@@ -171,10 +148,9 @@ def test_expectations_match_the_seed_lists() -> None:
 # ----------------------------------------------------------------- reference databases
 
 
-@needs_fixtures
 @pytest.mark.parametrize("version", VERSIONS)
 def test_reference_database_verifies_as_its_version(tmp_path: Path, version: int) -> None:
-    path = reference_copy(tmp_path, version)
+    path = copy_reference(tmp_path, version)
     with connected(path) as connection:
         verify_schema(connection, version)
         assert schema_fingerprint(connection) == SCHEMA_FINGERPRINTS[version]
@@ -185,18 +161,16 @@ def test_reference_database_verifies_as_its_version(tmp_path: Path, version: int
             assert caught.value.code == "SCHEDULER_SCHEMA_UNKNOWN"
 
 
-@needs_fixtures
 @pytest.mark.parametrize("version", VERSIONS)
 def test_apply_upgrade_reproduces_the_recorded_upgrade(tmp_path: Path, version: int) -> None:
-    dbdump = _dbdump()
-    path = reference_copy(tmp_path, version)
+    path = copy_reference(tmp_path, version)
     with connected(path) as connection:
         start = inspect_database(connection)
         apply_upgrade(connection, start, UPGRADE_NOW)
         verify_schema(connection)
     expected = json.loads((REFERENCE_DBS / f"v{version}.upgraded.json").read_text(encoding="utf-8"))
-    actual = dbdump.dump(path)
-    assert dbdump.diff(expected, actual) == []
+    actual = dump(path)
+    assert diff(expected, actual) == []
     if version == 1:
         assert policy_rowid_order(path) == first_seen_principals(REFERENCE_DBS / "v1.sqlite")
 
@@ -230,25 +204,22 @@ def first_seen_principals(path: Path) -> list[tuple[str, str]]:
     return order
 
 
-@needs_fixtures
 def test_failed_backfill_rolls_everything_back(tmp_path: Path) -> None:
-    dbdump = _dbdump()
-    path = reference_copy(tmp_path, 1)
+    path = copy_reference(tmp_path, 1)
     raw(
         path,
         'UPDATE jobs SET authority_json = \'{"not":"an envelope"}\' WHERE rowid = '
         "(SELECT max(rowid) FROM jobs)",
     )
-    before = dbdump.dump(path)
+    before = dump(path)
     error = expect_error(path, "SCHEDULER_DATA_CORRUPT", lambda c: apply_upgrade(c, 1, UPGRADE_NOW))
     assert "does not match authority envelope v1" in error.message
-    assert dbdump.diff(before, dbdump.dump(path)) == []
-    assert dbdump.dump(path)["user_version"] == 1
+    assert diff(before, dump(path)) == []
+    assert dump(path)["user_version"] == 1
 
 
-@needs_fixtures
 def test_terminal_occurrences_are_validated_too(tmp_path: Path) -> None:
-    path = reference_copy(tmp_path, 1)
+    path = copy_reference(tmp_path, 1)
     raw(
         path,
         "UPDATE occurrences SET authority_json = '[1]' WHERE occurrence_id = "
@@ -477,9 +448,8 @@ def test_inspect_refuses_unknown_user_version(fresh_v6: Path, user_version: int)
     assert error.details == {"applicationId": SCHEDULER_APPLICATION_ID, "userVersion": user_version}
 
 
-@needs_fixtures
 def test_inspect_verifies_older_versions_exactly(tmp_path: Path) -> None:
-    path = reference_copy(tmp_path, 3)
+    path = copy_reference(tmp_path, 3)
     raw(path, "CREATE INDEX scheduler_extra ON jobs(kind)")
     error = expect_error(path, "SCHEDULER_SCHEMA_CORRUPT", inspect_database)
     assert error.message == "Scheduler sqlite_master catalog does not match v3"

@@ -268,7 +268,7 @@ def render() -> str:
         _functions("Schema (`scheduler.schema`)", "scheduler.schema", schema_functions),
         _constants("Schema constants (`scheduler.schema`)", "scheduler.schema", schema_constants),
         _classes("Testing helpers (`scheduler.testing`)", "scheduler.testing", ["SchedulerClock"]),
-        _functions("", "scheduler.testing", ["store_on"])[2:],
+        _functions("", "scheduler.testing", ["store_on", "dump_tables"])[2:],
         [
             "### pytest fixtures (`scheduler.testing.plugin`)",
             "",

@@ -2,7 +2,8 @@
 
 The pytest plugin (``scheduler.testing.plugin``, registered through the ``pytest11`` entry
 point) exposes these as the fixtures ``scheduler_clock``, ``scheduler_store`` and
-``scheduler_store_on``; see ``docs/testing.md``. Nothing here is imported by the library.
+``scheduler_store_on``; ``dump_tables(store)`` returns every scheduler table's rows; see
+``docs/testing.md``. Nothing here is imported by the library.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from scheduler.contract.constants import MAX_SAFE_INTEGER
+from scheduler.testing.tables import dump_tables
 
 if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore
@@ -80,4 +82,4 @@ def store_on(target: Any, *, clock: Any = None) -> SchedulerStore:
     raise TypeError("store_on() needs an sqlalchemy Engine or Connection")
 
 
-__all__ = ["T0", "SchedulerClock", "store_on"]
+__all__ = ["T0", "SchedulerClock", "dump_tables", "store_on"]

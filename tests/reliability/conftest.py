@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 T0 = 1767225600000
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 
 
 @dataclass(frozen=True)
@@ -100,22 +99,6 @@ def seed() -> int:
 def figures() -> dict[str, Any]:
     """Named figures each test records for the report (kills survived, races, …)."""
     return _FIGURES
-
-
-@pytest.fixture(scope="session")
-def shared_tools() -> Path:
-    tools = SHARED / "tools"
-    if not (tools / "dbdump.py").exists():
-        pytest.skip(f"shared tools are absent ({tools}); they come with the team checkout")
-    return tools
-
-
-@pytest.fixture(scope="session")
-def fixtures_dir() -> Path:
-    directory = SHARED / "fixtures"
-    if not directory.is_dir():
-        pytest.skip(f"recorded fixtures are absent ({directory}); they come with the team checkout")
-    return directory
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -19,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dump import diff, dump
+from recorded import REFERENCE_DBS, copy_reference, reference_dump
 
 from scheduler import open_store
 from scheduler.schema.catalog import verify_schema
@@ -217,22 +217,17 @@ def _upgrade_outcome(path: Path, original: str, child: Child) -> str:
     return "upgraded_before_kill" if any("opened" in line for line in child.lines) else "killed_after_commit"
 
 
-def test_sigkill_during_upgrade(
-    tmp_path: Path, scale: Any, seed: int, figures: dict[str, Any], fixtures_dir: Path, shared_tools: Path
-) -> None:
+def test_sigkill_during_upgrade(tmp_path: Path, scale: Any, seed: int, figures: dict[str, Any]) -> None:
     """A v1 file killed at any moment of its upgrade opens later exactly as a clean upgrade would."""
-    sys.path.insert(0, str(shared_tools))
-    from dbdump import diff, dump
-
-    source = fixtures_dir / "reference-dbs" / "v1.sqlite"
-    expected = json.loads((fixtures_dir / "reference-dbs" / "v1.upgraded.json").read_text())
+    source = REFERENCE_DBS / "v1.sqlite"
+    expected = reference_dump(1, upgraded=True)
     rng = random.Random(seed + 1)
     duration = 0.0
     outcomes: Counter[str] = Counter()
     for attempt in range(scale.upgrade_kills + 1):
         path = tmp_path / f"up-{attempt}" / "kernel.sqlite"
         path.parent.mkdir(mode=0o700)
-        shutil.copy(source, path)
+        copy_reference(path.parent, 1, path.name)
         child = Child(workloads.command("open", path))
         assert child.ready.wait(60), "open child never started"
         if attempt == 0:  # not killed: measures how long the upgrade takes in the child
@@ -247,7 +242,7 @@ def test_sigkill_during_upgrade(
         store = open_store(path, clock=lambda: 1767312000000)
         verify_schema(store.connection, 6)
         store.close()
-        problems = diff(expected, dump(str(path)))
+        problems = diff(expected, dump(path))
         assert not problems, f"attempt {attempt}: {problems[:3]}"
     figures["crash_during_upgrade"] = {
         "kills": scale.upgrade_kills,

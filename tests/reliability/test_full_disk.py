@@ -15,7 +15,6 @@ import json
 import random
 import shutil
 import sqlite3
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded import FIXTURES, TRACES, copy_reference
+from replay import NotApplicable, invocation
 
 from scheduler import (
     SchedulerKernelError,
@@ -217,50 +218,20 @@ def _check_storage_error(error: SchedulerKernelError, context: str) -> str:
 # ----------------------------------------------------------------------------- recorded traces
 
 
-def _trace_calls(trace: dict[str, Any], replay: Any) -> Iterator[Call | None]:
+def _trace_calls(trace: dict[str, Any]) -> Iterator[Call | None]:
     """A Call for every applicable API call of a trace (``None`` for open/close and the rest)."""
     for raw in trace["calls"]:
         op = raw["op"]
-        if op in ("openSchedulerStore", "close") or "note" in raw or op not in replay.OPS:
+        if op in ("openSchedulerStore", "close") or "note" in raw:
             yield None
             continue
         try:
-            name, args, kwargs = _arguments(raw, replay)
-        except replay.NotApplicable:
+            perform = invocation(op, raw["args"])
+        except NotApplicable:
             yield None
             continue
         where = f"{trace['scenario']}#{raw['seq']}"
-        yield Call(name, where, raw["now"], lambda s, n=name, a=args, k=kwargs: getattr(s, n)(*a, **k))
-
-
-def _arguments(raw: dict[str, Any], replay: Any) -> tuple[str, list[Any], dict[str, Any]]:
-    """The Python method, positional and keyword arguments of a recorded call (trace_replay's mapping)."""
-    args = [replay.decode(a) for a in raw["args"]]
-    while args and args[-1] is replay.UNDEFINED:
-        args.pop()
-    name, style = replay.OPS[raw["op"]]
-    if style == "opts":
-        positional, keywords = [], replay.kw(args[0] if args else None, name)
-    elif style == "pos_opts":
-        positional, keywords = args[:1], replay.kw(args[1] if len(args) > 1 else None, name)
-    elif style == "pos2_opts":
-        positional, keywords = (
-            args[:2],
-            replay.kw(args[2] if len(args) > 2 else None, name, destructured=False),
-        )
-    else:
-        positional, keywords = args, {}
-    if replay.has_undefined(positional) or replay.has_undefined(keywords):
-        raise replay.NotApplicable("present-but-undefined value")
-    return name, positional, keywords
-
-
-@pytest.fixture(scope="module")
-def replay_module(shared_tools: Path) -> Any:
-    sys.path.insert(0, str(shared_tools))
-    import trace_replay
-
-    return trace_replay
+        yield Call(perform.method, where, raw["now"], perform)
 
 
 # ----------------------------------------------------------------------------- scenario for the rest
@@ -504,10 +475,10 @@ def _selected(total: int, wanted: int, rng: random.Random) -> set[int]:
 
 
 def test_sqlite_full_in_recorded_write_calls(
-    tmp_path: Path, fixtures_dir: Path, replay_module: Any, scale: Scale, seed: int, figures: dict[str, Any]
+    tmp_path: Path, scale: Scale, seed: int, figures: dict[str, Any]
 ) -> None:
     rng = random.Random(seed + 2)
-    traces = sorted((fixtures_dir / "traces").glob("*.json"))
+    traces = sorted(TRACES.glob("*.json"))
     loaded = [json.loads(p.read_text()) for p in traces]
     writes = [
         (i, j)
@@ -519,9 +490,9 @@ def test_sqlite_full_in_recorded_write_calls(
     selected = {writes[k] for k in chosen}
     tally = Tally()
     for i, trace in enumerate(loaded):
-        initial = fixtures_dir / trace["initial_db"] if trace.get("initial_db") else None
+        initial = FIXTURES / trace["initial_db"] if trace.get("initial_db") else None
         harness = Harness(tmp_path / trace["scenario"], initial, tally, trace["calls"][0]["now"])
-        for j, call in enumerate(_trace_calls(trace, replay_module)):
+        for j, call in enumerate(_trace_calls(trace)):
             if call is not None:
                 harness.run(call, scale.full_disk_points if (i, j) in selected else None, rng)
         assert_invariants(dump_database(harness.live), trace["scenario"])
@@ -566,9 +537,7 @@ def _record(figures: dict[str, Any], name: str, tally: Tally, calls: int) -> Non
     }
 
 
-def test_sqlite_full_during_upgrade_leaves_file_untouched(
-    tmp_path: Path, fixtures_dir: Path, figures: dict[str, Any]
-) -> None:
+def test_sqlite_full_during_upgrade_leaves_file_untouched(tmp_path: Path, figures: dict[str, Any]) -> None:
     """An upgrade that runs out of pages is refused as storage-unavailable and changes no byte."""
     from sqlalchemy import create_engine, event
 
@@ -579,8 +548,7 @@ def test_sqlite_full_during_upgrade_leaves_file_untouched(
         for extra in (0, 1, 3):
             path = tmp_path / f"v{version}-{extra}" / "kernel.sqlite"
             path.parent.mkdir(mode=0o700)
-            shutil.copy(fixtures_dir / "reference-dbs" / f"v{version}.sqlite", path)
-            path.chmod(0o600)
+            copy_reference(path.parent, version, path.name)
             pages = path.stat().st_size // sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
             engine = create_engine(f"sqlite+pysqlite:///{path}")
             event.listen(

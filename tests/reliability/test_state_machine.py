@@ -4,7 +4,7 @@ A hypothesis ``RuleBasedStateMachine`` drives jobs, enqueue, claims, renewals, s
 authority reservations, pause/ack/resume and requeue with valid, stale and invalid arguments and
 a controlled clock. ``Model`` mirrors the store's methods (same names and keywords). Every call
 goes to both: the store must fail exactly when the model predicts a failure, with the predicted
-(documented) code, and then leave a full table dump (``/work/shared/tools/dbdump.py``) unchanged.
+(documented) code, and then leave a full table dump (``tests/dump.py``) unchanged.
 After every step the store's rows equal the model's and the invariants of ``invariants.py`` hold.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,22 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dump import dump as file_dump
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduler import SchedulerKernelError, derive_occurrence_identity, open_store
 
-from .conftest import SHARED, T0, current_scale
+from .conftest import T0, current_scale
 from .invariants import assert_invariants, dump_database
 
 pytestmark = pytest.mark.reliability
 
-sys.path.insert(0, str(SHARED / "tools"))
-try:
-    from dbdump import dump as full_dump
-except ImportError:  # pragma: no cover - the shared tools come with the team checkout
-    full_dump = None
 
 PRINCIPAL = {"type": "service", "id": "fuzz"}
 AUTHORITY = {"principal": PRINCIPAL, "requestedCapabilities": ["run"]}
@@ -363,7 +358,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def dump(self) -> Any:
-        return full_dump(str(self.path)) if full_dump is not None else dump_database(self.path)
+        return file_dump(self.path)
 
     def check(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on a copy of the model and on the store; outcomes must agree."""

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from recorded import copy_reference
 from sqlalchemy import create_engine
 
 from scheduler import SchedulerKernelError, open_store
@@ -162,13 +163,10 @@ def test_tampered_catalog_is_refused_untouched(database: Path, case: str, figure
 
 
 @pytest.mark.parametrize("version", [1, 3, 5])
-def test_tampered_old_version_is_not_upgraded(
-    tmp_path: Path, fixtures_dir: Path, version: int, figures: dict[str, Any]
-) -> None:
+def test_tampered_old_version_is_not_upgraded(tmp_path: Path, version: int, figures: dict[str, Any]) -> None:
     path = tmp_path / "store" / "kernel.sqlite"
     path.parent.mkdir(mode=0o700)
-    shutil.copy(fixtures_dir / "reference-dbs" / f"v{version}.sqlite", path)
-    path.chmod(0o600)
+    copy_reference(path.parent, version, path.name)
     _raw(path, "CREATE TRIGGER evil AFTER INSERT ON jobs BEGIN SELECT 1; END")
     assert_refused_untouched(path, CORRUPT)
     _TALLY[f"v{version}_with_trigger"] = 1

@@ -1,0 +1,69 @@
+"""``scheduler.testing.dump_tables`` (API.md §8 Helpers): every table's rows in the fixtures' layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dump import dump
+from recorded import T0, UPGRADE_NOW, VERSIONS, copy_reference, reference_dump
+from sqlalchemy import create_engine
+
+from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.schema import metadata
+from scheduler.testing import dump_tables
+
+AUTHORITY = {"principal": {"type": "service", "id": "dumper"}, "requestedCapabilities": ["run"]}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_upgraded_reference_database_dumps_exactly_as_recorded(version: int, tmp_path: Path) -> None:
+    """Same tables, same rows, same values and the same primary-key order as ``vN.upgraded.json``."""
+    with open_store(copy_reference(tmp_path, version), clock=lambda: UPGRADE_NOW) as store:
+        assert dump_tables(store) == reference_dump(version, upgraded=True)["tables"]
+
+
+def test_a_new_store_has_every_scheduler_table_and_sqlite_sequence(tmp_path: Path) -> None:
+    with open_store(tmp_path / "kernel.sqlite", clock=lambda: T0) as store:
+        tables = dump_tables(store)
+    assert set(tables) == {*metadata.tables, "sqlite_sequence"}
+    assert [row["version"] for row in tables["migrations"]] == [1, 2, 3, 4, 5, 6]
+    assert [name for name, rows in tables.items() if rows] == ["migrations"]
+
+
+def test_rows_are_in_code_point_order_of_the_key_and_agree_with_an_independent_reader(tmp_path: Path) -> None:
+    path = tmp_path / "kernel.sqlite"
+    ids = ["job-\U0001f600", "job-\uffff", "job-b", "job-a", "Job-z", "job-\u00e9"]
+    with open_store(path, clock=lambda: T0) as store:
+        for job_id in ids:
+            store.create_job(id=job_id, kind="k", authority=AUTHORITY)
+        tables = dump_tables(store)
+    assert [row["job_id"] for row in tables["jobs"]] == sorted(ids)
+    assert [row["event_id"] for row in tables["events"]] == list(range(1, len(ids) + 1))
+    assert tables["sqlite_sequence"] == [{"name": "events", "seq": len(ids)}]
+    assert tables == dump(path)["tables"]
+
+
+def test_inside_a_transaction_and_on_a_caller_connection_it_sees_the_uncommitted_rows(tmp_path: Path) -> None:
+    path = tmp_path / "kernel.sqlite"
+    open_store(path, clock=lambda: T0).close()
+    with open_store(path, clock=lambda: T0) as store, store.transaction() as tx:
+        tx.create_job(id="in-tx", kind="k", authority=AUTHORITY)
+        assert [row["job_id"] for row in dump_tables(tx)["jobs"]] == ["in-tx"]
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as connection:
+            bound = SchedulerStore.on_connection(connection, clock=lambda: T0)
+            bound.create_job(id="outbox", kind="k", authority=AUTHORITY)
+            assert [row["job_id"] for row in dump_tables(bound)["jobs"]] == ["in-tx", "outbox"]
+            connection.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_a_closed_store_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "kernel.sqlite", clock=lambda: T0)
+    store.close()
+    with pytest.raises(SchedulerKernelError) as raised:
+        dump_tables(store)
+    assert raised.value.code == "SCHEDULER_STORE_CLOSED"
