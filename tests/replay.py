@@ -5,8 +5,8 @@ keyword arguments), run with the clock set to the call's ``now`` and the recordi
 sequence, and its result (``to_dict()``) or error code compared with the recorded one. Finally
 the database is reopened and ``scheduler.testing.dump_tables`` is compared with ``final_dump``.
 
-Where the database lives is a :class:`Backend`; ``BACKENDS`` lists the ones the trace tests run
-on. A backend for another database adds itself there and gets every trace for free.
+Where the database lives is a :class:`ReplayBackend`; ``REPLAY_BACKENDS`` lists the ones the trace
+tests run on. A backend for another database adds itself there and gets every trace for free.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from backends import SQLITE
 from dump import HEADER, diff, dump
 from recorded import FIXTURES, UNDEFINED, Undefined, decode
 
@@ -34,7 +35,7 @@ class NotApplicable(Exception):
 # --------------------------------------------------------------------------- the database
 
 
-class Backend(Protocol):
+class ReplayBackend(Protocol):
     """Where a replay keeps its database."""
 
     def prepare(self, trace: dict[str, Any]) -> None:
@@ -84,8 +85,9 @@ class SqliteFileBackend:
         shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
-BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": SqliteFileBackend}
-"""Backend name → factory taking a private temporary directory."""
+REPLAY_BACKENDS: dict[str, Callable[[Path], ReplayBackend]] = {SQLITE: SqliteFileBackend}
+"""Backend name (``backends.SQLITE`` / ``backends.POSTGRESQL``) → factory taking a private temporary
+directory. The trace tests run on each; ``conftest`` skips a ``postgresql`` one when no server is set."""
 
 
 # --------------------------------------------------------------------------- recorded call → Python call
@@ -344,7 +346,7 @@ class ReplayReport:
 class _Session:
     """The trace's clock, UUID sequence and current store."""
 
-    def __init__(self, trace: dict[str, Any], backend: Backend) -> None:
+    def __init__(self, trace: dict[str, Any], backend: ReplayBackend) -> None:
         self.backend = backend
         self.now: int = trace.get("start_now", trace["calls"][0]["now"])
         self.issued = 0
@@ -387,7 +389,7 @@ class _Session:
             return None, error
 
 
-def replay(trace_path: Path, backend: Backend) -> ReplayReport:
+def replay(trace_path: Path, backend: ReplayBackend) -> ReplayReport:
     """Replay the trace at ``trace_path`` on ``backend``; see :class:`ReplayReport`."""
     trace = json.loads(trace_path.read_text(encoding="utf-8"))
     report = ReplayReport()

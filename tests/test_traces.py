@@ -1,6 +1,6 @@
 """Every recorded trace of the original replays identically (results, errors, final tables).
 
-Parametrized by backend (``replay.BACKENDS``): a new backend gets every trace without a new test.
+Parametrized by backend (``replay.REPLAY_BACKENDS``): a new backend gets every trace without a new test.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from recorded import TRACES
-from replay import BACKENDS, replay
+from replay import REPLAY_BACKENDS, replay
 
 TRACE_NAMES = sorted(path.stem for path in TRACES.glob("*.json"))
 # Recorded calls with no Python spelling (replay.NotApplicable): claimNext({jobKind: null}) is
@@ -22,11 +22,11 @@ def test_every_recorded_trace_is_replayed() -> None:
     assert len(TRACE_NAMES) == 8
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", sorted(REPLAY_BACKENDS))
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_trace_replays_identically(name: str, backend: str, tmp_path: Path) -> None:
     path = TRACES / f"{name}.json"
-    report = replay(path, BACKENDS[backend](tmp_path / "replay"))
+    report = replay(path, REPLAY_BACKENDS[backend](tmp_path / "replay"))
     assert report.failures == []
     assert report.dump_problems == []
     assert [entry.split(":")[0] for entry in report.not_applicable] == NOT_APPLICABLE.get(name, [])
