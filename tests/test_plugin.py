@@ -129,9 +129,9 @@ def test_store_on_engine_helper_opens_v6(tmp_path: Path) -> None:
 def test_the_examples_in_docs_testing_md_pass(pytester: pytest.Pytester) -> None:
     guide = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
     blocks = re.findall(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     pytester.makepyfile("\n\n".join(blocks))
-    pytester.runpytest_inprocess().assert_outcomes(passed=3)
+    pytester.runpytest_inprocess().assert_outcomes(passed=4)
 
 
 def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
