@@ -61,6 +61,11 @@ class StoreBase:
         return self._runner.conn
 
     @property
+    def clock(self) -> Clock:
+        """The store's clock: a zero-argument callable returning epoch milliseconds."""
+        return self._clock
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -20,6 +20,7 @@ from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
 from scheduler.store.runtime_control import RuntimeControlOperations
 from scheduler.store.session import Clock, NestedRunner, OwnedRunner, Runner, Tx
+from scheduler.store.worker_reads import WorkerReadOperations
 
 
 def _schema_info(tx: Tx) -> SchemaInfo:
@@ -45,6 +46,7 @@ class SchedulerStore(
     AdjudicationOperations,
     RuntimeControlOperations,
     DomainMigrationOperations,
+    WorkerReadOperations,
 ):
     """A durable job scheduler store over one SQLAlchemy connection.
 

@@ -327,7 +327,7 @@ def renew_in(tx: Tx, occurrence_id: str, owner: str, fence: int, lease_ms: int) 
     }
     row = tx.first(_RENEW, params)
     if row is None:
-        raise lease_lost(occurrence_id)
+        raise lease_lost(occurrence_id, owner_id=owner, fence=fence)
     tx.append_event(
         job_id=row.job_id,
         occurrence_id=occurrence_id,

@@ -17,7 +17,7 @@ from scheduler.contract.constants import MAX_JSON_BYTES, MAX_SAFE_INTEGER
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.store.records import Occurrence
 from scheduler.store.rows import read_stored_authority, read_stored_json
-from scheduler.store.session import EVENT_INSERT, Tx
+from scheduler.store.session import Tx
 
 T = TypeVar("T")
 
@@ -153,7 +153,7 @@ class EventLog:
 
     def flush(self, tx: Tx) -> None:
         if self._rows:
-            tx.changes(EVENT_INSERT, self._rows)
+            tx.insert_events(self._rows)
             self._rows = []
 
 

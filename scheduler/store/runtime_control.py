@@ -46,6 +46,7 @@ from scheduler.store.runtime_reads import (
     normalize_runtime_control_limit,
 )
 from scheduler.store.session import Tx
+from scheduler.store.settlement import lease_lost
 
 __all__ = [
     "RuntimeControlOperations",
@@ -57,13 +58,6 @@ __all__ = [
 
 CONTROL_CONFLICT: Final = "SCHEDULER_OCCURRENCE_CONTROL_CONFLICT"
 REVISION_CONFLICT: Final = "SCHEDULER_REVISION_CONFLICT"
-
-
-def lease_lost(occurrence_id: str) -> SchedulerKernelError:
-    return SchedulerKernelError(
-        "SCHEDULER_LEASE_LOST",
-        f"Occurrence lease is absent, expired, or owned by another fence: {occurrence_id}",
-    )
 
 
 def _revision_conflict(occurrence_id: str, expected: int, actual: int) -> SchedulerKernelError:

@@ -35,6 +35,7 @@ from scheduler.store.failures import (
     storage_unavailable,
 )
 from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.telemetry import StateChanges, collect, emit_all
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -49,7 +50,7 @@ class Tx:
     through the compile-once fast path when it is usable, else like ``execute``.
     """
 
-    __slots__ = ("_fast", "_uuid_factory", "conn", "now")
+    __slots__ = ("_fast", "_uuid_factory", "conn", "events", "now")
 
     def __init__(
         self, conn: Connection, now: int, uuid_factory: Callable[[], str], fast: FastPath | None = None
@@ -58,6 +59,8 @@ class Tx:
         self.now = now
         self._uuid_factory = uuid_factory
         self._fast = fast
+        self.events: list[dict[str, Any]] = []
+        """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
 
     def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
         fast = self._fast
@@ -118,18 +121,22 @@ class Tx:
         data: dict[str, Any] | None = None,
     ) -> None:
         """Append one row to the event history (occurred at ``now``)."""
-        self.changes(
-            EVENT_INSERT,
-            {
-                "job_id": job_id,
-                "occurrence_id": occurrence_id,
-                "event_type": type,
-                "occurred_at": self.now,
-                "owner_id": owner_id,
-                "fence": fence,
-                "data_json": canonical_json({} if data is None else data, "event.data"),
-            },
-        )
+        row = {
+            "job_id": job_id,
+            "occurrence_id": occurrence_id,
+            "event_type": type,
+            "occurred_at": self.now,
+            "owner_id": owner_id,
+            "fence": fence,
+            "data_json": canonical_json({} if data is None else data, "event.data"),
+        }
+        self.changes(EVENT_INSERT, row)
+        self.events.append(row)
+
+    def insert_events(self, rows: list[dict[str, Any]]) -> None:
+        """Append several event rows (one ``executemany``)."""
+        self.changes(EVENT_INSERT, rows)
+        self.events.extend(rows)
 
 
 class Runner(Protocol):
@@ -212,8 +219,11 @@ class _Base:
         return Tx(self.conn, now, self.uuid_factory, fast)
 
     def _child(self) -> NestedRunner:
-        """A runner for the operations of a block, sharing this connection, lock and fast path."""
-        return NestedRunner(self.conn, self.clock, self.uuid_factory, lock=self.lock, fastpath=self.fastpath)
+        """A runner for the operations of a block, sharing this connection, lock and fast path;
+        it keeps the block's state changes for the end of the block (``sink``)."""
+        child = NestedRunner(self.conn, self.clock, self.uuid_factory, lock=self.lock, fastpath=self.fastpath)
+        child.sink = []
+        return child
 
 
 class OwnedRunner(_Base):
@@ -237,7 +247,9 @@ class OwnedRunner(_Base):
             tx = self._tx(sample_clock, fast)
             result = operation(tx)
             state = "returned"
+            changes = collect(tx)
             transaction.commit()
+            changes.emit()
             return result
         except BaseException as error:
             closed = self._rollback(transaction)
@@ -286,6 +298,7 @@ class OwnedRunner(_Base):
                 if classified is None:
                     raise
                 raise classified from error
+            emit_all(inner.sink or ())
 
 
 def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:
@@ -311,6 +324,8 @@ class NestedRunner(_Base):
         if lock is not None:
             self.lock = lock
         self._enclosing_rolled_back = False
+        self.sink: list[StateChanges] | None = None
+        """Where a block's state changes wait for the block's end (``None``: log per operation)."""
 
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._run(operation, sample_clock=True)
@@ -328,7 +343,12 @@ class NestedRunner(_Base):
             try:
                 tx = self._tx(sample_clock, self._usable_fastpath())
                 result = operation(tx)
+                changes = collect(tx)
                 savepoint.commit()
+                if self.sink is None:
+                    changes.emit()
+                else:
+                    self.sink.append(changes)
                 return result
             except BaseException as error:
                 try:
@@ -379,6 +399,10 @@ class NestedRunner(_Base):
                         savepoint.rollback()
                 raise
             savepoint.commit()
+            if self.sink is None:
+                emit_all(inner.sink or ())
+            else:
+                self.sink.extend(inner.sink or ())
 
     def _ensure_sqlite_transaction(self) -> None:
         # pysqlite starts its implicit transaction lazily; a SAVEPOINT opened outside one would

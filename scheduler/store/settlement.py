@@ -28,6 +28,7 @@ from scheduler.store.occurrence_rows import (
 )
 from scheduler.store.records import Occurrence
 from scheduler.store.session import Tx
+from scheduler.store.telemetry import log_lease_lost
 
 DEFAULT_ERROR: Final = {"code": "execution_failed", "message": "Execution failed"}
 SETTLE_FIELDS: Final = frozenset(
@@ -204,7 +205,11 @@ def normalize_settle_mapping(settlement: Any) -> SettleRequest:
     return normalize_settle(**arguments)
 
 
-def lease_lost(occurrence_id: str) -> SchedulerKernelError:
+def lease_lost(
+    occurrence_id: str, *, owner_id: str | None = None, fence: int | None = None, job_id: str | None = None
+) -> SchedulerKernelError:
+    """``SCHEDULER_LEASE_LOST`` (and its ``lease lost`` log record, see ``telemetry``)."""
+    log_lease_lost(occurrence_id, owner_id=owner_id, fence=fence, job_id=job_id)
     return SchedulerKernelError(
         "SCHEDULER_LEASE_LOST",
         f"Occurrence lease is absent, expired, or owned by another fence: {occurrence_id}",
@@ -317,7 +322,8 @@ class _Settlements:
         tx, now, identifier = self.tx, self.tx.now, request.occurrence_id
         current = self.current.get(identifier)
         if current is None or not _lease_held(current, request, now):
-            raise lease_lost(identifier)
+            job_id = None if current is None else current["job_id"]
+            raise lease_lost(identifier, owner_id=request.owner_id, fence=request.fence, job_id=job_id)
         pending_adjudication = current["adjudication_status"] == "pending"
         if (
             request.adjudication_request_id is not None
