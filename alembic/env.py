@@ -30,6 +30,7 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import metadata
 from scheduler.schema.catalog import read_pragma_int, verify_schema
 from scheduler.schema.upgrade import LATEST_VERSION, inspect_database, validate_now, wall_clock_ms
+from scheduler.schema.versions import exists_on
 
 URL_ENVIRONMENT_VARIABLE = "SCHEDULER_DATABASE_URL"
 BUSY_TIMEOUT_MS = 5_000
@@ -110,13 +111,16 @@ def checked_version(connection: Connection) -> int:
     return version
 
 
-def include_object(_object: Any, _name: str | None, type_: str, _reflected: bool, _compare_to: Any) -> bool:
-    """Autogenerate/``alembic check`` filter: skip foreign keys.
+def include_object(object_: Any, _name: str | None, type_: str, reflected: bool, _compare_to: Any) -> bool:
+    """Autogenerate/``alembic check`` filter: skip foreign keys and other dialects' indexes.
 
     SQLAlchemy's SQLite reflection drops the inline ``ON DELETE RESTRICT`` of the canonical
     DDL, so every foreign key would look changed; tests/test_schema_metadata.py compares them
-    through ``PRAGMA foreign_key_list`` instead.
+    through ``PRAGMA foreign_key_list`` instead. The claim path's PostgreSQL-only indexes
+    (``Index.info["dialect"]``) do not exist on SQLite.
     """
+    if type_ == "index" and not reflected:
+        return bool(exists_on(object_, context.get_context().dialect.name))
     return type_ != "foreign_key_constraint"
 
 

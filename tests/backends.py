@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -67,6 +69,17 @@ def sqlite_engine(path: Path | str) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+@contextmanager
+def sqlite_transaction(path: Path | str) -> Iterator[Connection]:
+    """A connection to the SQLite file inside one write transaction (committed on success)."""
+    engine = sqlite_engine(path)
+    try:
+        with engine.connect() as connection, connection.begin():
+            yield connection
+    finally:
+        engine.dispose()
 
 
 class PostgresServer:

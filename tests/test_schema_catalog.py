@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from backends import sqlite_engine
+from backends import sqlite_transaction as connected
 from dump import diff, dump
 from recorded import REFERENCE_DBS, T0, UPGRADE_NOW, VERSIONS, copy_reference
-from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.pool import NullPool
+from schema_support import file_digest, raw
+from sqlalchemy import Connection
 
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import (
@@ -36,46 +36,6 @@ from scheduler.schema import (
     verify_schema,
 )
 from scheduler.schema.upgrade import ddl_statements
-
-
-def sqlite_engine(path: Path) -> Engine:
-    """An engine with real SQLite transactions: autocommit driver, ``BEGIN IMMEDIATE`` on begin."""
-    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    @event.listens_for(engine, "begin")
-    def _begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
-
-
-@contextmanager
-def connected(path: Path) -> Iterator[Connection]:
-    """A connection inside one write transaction (committed on success)."""
-    engine = sqlite_engine(path)
-    try:
-        with engine.connect() as connection, connection.begin():
-            yield connection
-    finally:
-        engine.dispose()
-
-
-def raw(path: Path, *statements: str) -> None:
-    """Run statements with the plain sqlite3 driver in autocommit mode (tampering)."""
-    con = sqlite3.connect(path, isolation_level=None)
-    try:
-        for statement in statements:
-            con.execute(statement)
-    finally:
-        con.close()
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture

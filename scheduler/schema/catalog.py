@@ -1,8 +1,20 @@
-"""Catalog verification of a scheduler SQLite database (seed: verifySchema and helpers).
+"""Catalog verification (seed: verifySchema and helpers) on SQLite, and the dispatch to PostgreSQL.
 
-What each schema version must contain (tables, their ``table_info`` shape, index names) is
-derived from ``tables.metadata`` and the ``"since"`` version recorded on each table and column;
-the catalog text itself is pinned by ``SCHEMA_VN_FINGERPRINT``.
+``verify_schema``, ``verify_catalog`` and ``schema_fingerprint`` take ``schema=``/``exclusive=``
+(see ``target.py``) and dispatch on the connection's dialect; PostgreSQL is ``pg_catalog.py``.
+
+SQLite layouts:
+
+* exclusive (default; ``main`` or an attached database that is the scheduler's own file): the
+  seed's checks unchanged: the whole ``sqlite_master`` catalog hashes to
+  ``SCHEMA_VN_FINGERPRINT``, ``application_id``/``user_version`` are the scheduler's.
+* shared (``exclusive=False``, API §8): the scheduler's objects are every ``sqlite_master`` row
+  whose ``tbl_name`` is one of its tables; they must hash to ``SCHEMA_VN_FINGERPRINT`` under the
+  same algorithm (an application index or trigger on a scheduler table is drift). Other objects
+  are the application's and allowed, unless a name collides with one of the scheduler's
+  (``SCHEDULER_SCHEMA_CORRUPT``). The version is the ``migrations`` history; integrity and
+  foreign keys are checked per scheduler table; ``application_id``/``user_version`` are the
+  application's and never read or written.
 """
 
 from __future__ import annotations
@@ -12,29 +24,57 @@ import json
 import re
 from typing import Any, Final
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from scheduler.contract.errors import SchedulerKernelError
-from scheduler.schema import ddl
-from scheduler.schema.tables import SINCE, metadata
+from scheduler.schema import ddl, pg_catalog, versions
+from scheduler.schema.target import (
+    SCHEMA_CORRUPT,
+    SCHEMA_UNKNOWN,
+    SchemaTarget,
+    resolve,
+    schema_error,
+)
+from scheduler.schema.versions import (
+    SCHEDULER_TABLE_NAMES,
+    ColumnShape,
+    check_version,
+    expected_columns,
+    expected_indexes,
+    expected_tables,
+    require_history,
+    require_tables,
+    scheduler_object_names,
+    version_of_history,
+)
 
-SCHEMA_CORRUPT: Final = "SCHEDULER_SCHEMA_CORRUPT"
-SCHEMA_UNKNOWN: Final = "SCHEDULER_SCHEMA_UNKNOWN"
+__all__ = [
+    "SCHEMA_CORRUPT",
+    "SCHEMA_UNKNOWN",
+    "ColumnShape",
+    "assert_database_integrity",
+    "expected_columns",
+    "expected_indexes",
+    "expected_tables",
+    "list_user_tables",
+    "read_pragma_int",
+    "schema_error",
+    "schema_fingerprint",
+    "verify_catalog",
+    "verify_schema",
+]
 
-ColumnShape = tuple[str, str, int, int]
-"""One ``PRAGMA table_info`` row as the seed compares it: (name, TYPE, notnull, pk)."""
+Target = str | SchemaTarget | None
 
 _USER_TABLES_SQL: Final = (
-    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    "SELECT name FROM {master} WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
 )
 _CATALOG_SQL: Final = (
-    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
+    "SELECT type, name, tbl_name, sql FROM {master} WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
 )
 _INDEXES_SQL: Final = (
-    "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'scheduler_%' ORDER BY name"
+    "SELECT name FROM {master} WHERE type = 'index' AND name LIKE 'scheduler_%' ORDER BY name"
 )
-_MIGRATIONS_SQL: Final = "SELECT version, name, checksum FROM migrations ORDER BY version"
 # JavaScript's ``\s`` / ``String#trim`` set (Python's ``\s`` also matches U+001C..U+001F, U+0085
 # and misses U+FEFF): the fingerprint must fold exactly what the original folds.
 _JS_SPACE: Final = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
@@ -42,78 +82,76 @@ _JS_WHITESPACE_RUN: Final = re.compile(f"[{_JS_SPACE}]+")
 _JS_TRIM: Final = re.compile(f"^[{_JS_SPACE}]+|[{_JS_SPACE}]+$")
 
 
-def schema_error(
-    code: str, message: str, details: Any = None, cause: BaseException | None = None
-) -> SchedulerKernelError:
-    """A ``SCHEDULER_SCHEMA_*`` error, chaining ``cause`` like the seed's ``schemaError``."""
-    error = SchedulerKernelError(code, message, details)
-    error.__cause__ = cause
-    return error
+CatalogRow = tuple[Any, ...]
+"""One ``sqlite_master`` row: (type, name, tbl_name, sql)."""
 
 
-def _check_version(version: int) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= 6:
-        raise SchedulerKernelError(
-            "SCHEDULER_INVALID_ARGUMENT", "schema version must be an integer between 1 and 6"
-        )
-    return version
-
-
-# ----------------------------------------------------------------- expectations per version
-
-
-def _since(item: Any) -> int:
-    return int(item.info.get(SINCE, 1))
-
-
-def _tables(version: int) -> list[Table]:
-    return [table for table in metadata.tables.values() if _since(table) <= version]
-
-
-def expected_tables(version: int) -> list[str]:
-    """The user tables of schema ``version``, sorted like ``ORDER BY name``."""
-    return sorted(table.name for table in _tables(_check_version(version)))
-
-
-def expected_columns(table_name: str, version: int) -> list[ColumnShape]:
-    """The ``table_info`` shape of ``table_name`` at schema ``version``."""
-    table = metadata.tables[table_name]
-    pk_order = [column.name for column in table.primary_key.columns]
-    return [
-        (
-            column.name,
-            str(column.type.compile()).upper(),
-            0 if column.nullable else 1,
-            pk_order.index(column.name) + 1 if column.name in pk_order else 0,
-        )
-        for column in table.columns
-        if _since(column) <= version
-    ]
-
-
-def expected_indexes(version: int) -> list[str]:
-    """The names of the ``scheduler_%`` indexes of schema ``version``, sorted."""
-    names = [str(index.name) for table in _tables(_check_version(version)) for index in table.indexes]
-    return sorted(names)
+def _master(target: SchemaTarget) -> str:
+    return target.qualify("sqlite_master")
 
 
 # ----------------------------------------------------------------- primitive reads
 
 
-def list_user_tables(connection: Connection) -> list[str]:
-    """Names of the tables in ``sqlite_master`` (SQLite's own ``sqlite_%`` excluded), sorted."""
-    return [str(row[0]) for row in connection.exec_driver_sql(_USER_TABLES_SQL)]
+def _catalog_rows(connection: Connection, target: SchemaTarget) -> list[CatalogRow]:
+    return [tuple(row) for row in connection.exec_driver_sql(_CATALOG_SQL.format(master=_master(target)))]
 
 
-def read_pragma_int(connection: Connection, name: str) -> int:
-    """The integer value of ``PRAGMA name`` (``user_version``, ``application_id``)."""
-    return int(connection.exec_driver_sql(f"PRAGMA {name}").scalar_one())
+def shared_objects(connection: Connection, target: SchemaTarget) -> list[CatalogRow]:
+    """The scheduler's catalog rows in a shared file: those on one of its tables (by ``tbl_name``)."""
+    return [row for row in _catalog_rows(connection, target) if row[2] in SCHEDULER_TABLE_NAMES]
 
 
-def assert_database_integrity(connection: Connection) -> None:
-    """``PRAGMA quick_check(1)`` must report exactly ``ok``, else ``SCHEDULER_SCHEMA_CORRUPT``."""
+def _collisions(connection: Connection, target: SchemaTarget) -> list[str]:
+    """Application objects (not on a scheduler table) named like an object of the scheduler's."""
+    names = scheduler_object_names()
+    rows = _catalog_rows(connection, target)
+    return sorted(str(row[1]) for row in rows if row[2] not in SCHEDULER_TABLE_NAMES and row[1] in names)
+
+
+def list_user_tables(connection: Connection, schema: Target = None, exclusive: bool = True) -> list[str]:
+    """Tables of the schema (SQLite's own ``sqlite_%`` excluded), sorted; shared: the scheduler's only.
+
+    On PostgreSQL: the tables (ordinary, partitioned, foreign) of the scheduler schema.
+    """
+    target = resolve(connection, schema, exclusive)
+    if target.is_postgresql:
+        return pg_catalog.list_tables(connection, target)
+    names = [
+        str(row[0]) for row in connection.exec_driver_sql(_USER_TABLES_SQL.format(master=_master(target)))
+    ]
+    return names if target.exclusive else [name for name in names if name in SCHEDULER_TABLE_NAMES]
+
+
+def read_pragma_int(connection: Connection, name: str, schema: Target = None) -> int:
+    """The integer value of ``PRAGMA [schema.]name`` (``user_version``, ``application_id``; SQLite)."""
+    target = resolve(connection, schema)
+    return int(connection.exec_driver_sql(target.pragma(name)).scalar_one())
+
+
+def _quick_check(connection: Connection, target: SchemaTarget) -> list[Any]:
+    if target.exclusive:
+        return [row[0] for row in connection.exec_driver_sql(target.pragma("quick_check(1)"))]
+    results: list[Any] = []
+    for table in list_user_tables(connection, target):
+        rows = [
+            row[0] for row in connection.exec_driver_sql(target.pragma(f"quick_check({json.dumps(table)})"))
+        ]
+        results.extend(value for value in rows if value != "ok")
+    return results or ["ok"]
+
+
+def assert_database_integrity(connection: Connection, schema: Target = None, exclusive: bool = True) -> None:
+    """``PRAGMA quick_check`` must report exactly ``ok``, else ``SCHEDULER_SCHEMA_CORRUPT``.
+
+    Exclusive SQLite: ``quick_check(1)`` of the database; shared: ``quick_check(table)`` of each
+    scheduler table. PostgreSQL has no equivalent (the server keeps its pages): nothing to do.
+    """
+    target = resolve(connection, schema, exclusive)
+    if target.is_postgresql:
+        return
     try:
-        rows = [row[0] for row in connection.exec_driver_sql("PRAGMA quick_check(1)")]
+        rows = _quick_check(connection, target)
     except DBAPIError as cause:
         raise schema_error(
             SCHEMA_CORRUPT, "Scheduler database integrity check could not run", cause=cause
@@ -131,45 +169,73 @@ def _fold_js_whitespace(sql: str) -> str:
     return _JS_TRIM.sub("", _JS_WHITESPACE_RUN.sub(" ", sql))
 
 
-def schema_fingerprint(connection: Connection) -> str:
-    """sha256 (hex) of the normalized ``sqlite_master`` catalog, as the seed computes it."""
+def _sqlite_fingerprint(rows: list[CatalogRow]) -> str:
     catalog = [
-        {
-            "type": row[0],
-            "name": row[1],
-            "tbl_name": row[2],
-            "sql": _fold_js_whitespace(row[3] or ""),
-        }
-        for row in connection.exec_driver_sql(_CATALOG_SQL)
+        {"type": row[0], "name": row[1], "tbl_name": row[2], "sql": _fold_js_whitespace(row[3] or "")}
+        for row in rows
     ]
     encoded = json.dumps(catalog, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
 
-def _table_shape(connection: Connection, table: str) -> list[ColumnShape]:
-    rows = connection.exec_driver_sql(f"PRAGMA table_info({json.dumps(table)})")
+def schema_fingerprint(connection: Connection, schema: Target = None, exclusive: bool = True) -> str:
+    """sha256 (hex) of the scheduler's catalog.
+
+    SQLite: the seed's algorithm over the normalized ``sqlite_master`` rows (shared file: only
+    the scheduler's rows). PostgreSQL: the ``pg_catalog`` description of ``pg_catalog.py``.
+    """
+    target = resolve(connection, schema, exclusive)
+    if target.is_postgresql:
+        return pg_catalog.fingerprint(connection, target)
+    rows = _catalog_rows(connection, target) if target.exclusive else shared_objects(connection, target)
+    return _sqlite_fingerprint(rows)
+
+
+def _table_shape(connection: Connection, table: str, target: SchemaTarget) -> list[ColumnShape]:
+    rows = connection.exec_driver_sql(target.pragma(f"table_info({json.dumps(table)})"))
     return [(str(row[1]), str(row[2] or "").upper(), int(row[3]), int(row[5])) for row in rows]
 
 
-# ----------------------------------------------------------------- verification steps
+def read_history(connection: Connection, schema: Target = None) -> list[dict[str, Any]]:
+    """The ``migrations`` rows ordered by version; ``SCHEDULER_SCHEMA_CORRUPT`` if unreadable."""
+    return versions.read_history(connection, resolve(connection, schema))
 
 
-def _verify_tables(connection: Connection, version: int) -> list[str]:
+# ----------------------------------------------------------------- verification steps (SQLite)
+
+
+def _verify_tables(connection: Connection, version: int, target: Target = None) -> list[str]:
+    place = resolve(connection, target)
     expected = expected_tables(version)
-    actual = list_user_tables(connection)
-    if actual != expected:
+    actual = list_user_tables(connection, place)
+    if not place.exclusive and set(actual) - set(expected):
         raise schema_error(
-            SCHEMA_UNKNOWN,
-            "Scheduler database has unknown or missing tables",
-            {"expected": expected, "actual": actual},
+            SCHEMA_CORRUPT,
+            "Scheduler names collide with objects of the application",
+            {"collisions": sorted(set(actual) - set(expected))},
         )
-    return expected
+    return require_tables(actual, version)
 
 
-def _verify_identity(connection: Connection, version: int) -> None:
+def _verify_collisions(connection: Connection, target: SchemaTarget) -> None:
+    collisions = _collisions(connection, target)
+    if collisions:
+        raise schema_error(
+            SCHEMA_CORRUPT,
+            "Scheduler names collide with objects of the application",
+            {"collisions": collisions},
+        )
+
+
+def _verify_identity(connection: Connection, version: int, target: Target = None) -> None:
+    """Exclusive SQLite: ``application_id``/``user_version``; shared: the application's, skipped."""
+    place = resolve(connection, target)
+    if not place.exclusive:
+        _verify_collisions(connection, place)
+        return
     try:
-        application_id = read_pragma_int(connection, "application_id")
-        user_version = read_pragma_int(connection, "user_version")
+        application_id = read_pragma_int(connection, "application_id", place)
+        user_version = read_pragma_int(connection, "user_version", place)
     except DBAPIError as cause:
         raise schema_error(
             SCHEMA_CORRUPT, "Scheduler schema metadata could not be read", cause=cause
@@ -182,10 +248,13 @@ def _verify_identity(connection: Connection, version: int) -> None:
         )
 
 
-def _verify_table_shapes(connection: Connection, tables: list[str], version: int) -> None:
+def _verify_table_shapes(
+    connection: Connection, tables: list[str], version: int, target: Target = None
+) -> None:
+    place = resolve(connection, target)
     for table in tables:
         expected = expected_columns(table, version)
-        actual = _table_shape(connection, table)
+        actual = _table_shape(connection, table, place)
         if actual != expected:
             raise schema_error(
                 SCHEMA_CORRUPT,
@@ -194,9 +263,9 @@ def _verify_table_shapes(connection: Connection, tables: list[str], version: int
             )
 
 
-def _verify_fingerprint(connection: Connection, version: int) -> None:
+def _verify_fingerprint(connection: Connection, version: int, target: Target = None) -> None:
     expected = ddl.SCHEMA_FINGERPRINTS[version]
-    actual = schema_fingerprint(connection)
+    actual = schema_fingerprint(connection, resolve(connection, target))
     if actual != expected:
         raise schema_error(
             SCHEMA_CORRUPT,
@@ -205,34 +274,20 @@ def _verify_fingerprint(connection: Connection, version: int) -> None:
         )
 
 
-def _history_matches(rows: list[dict[str, Any]], version: int) -> bool:
-    if len(rows) != version:
-        return False
-    return all(
-        row["version"] == step
-        and row["name"] == ddl.MIGRATION_NAMES[step]
-        and row["checksum"] == ddl.MIGRATION_CHECKSUMS[step]
-        for step, row in enumerate(rows, start=1)
-    )
+def _verify_history(connection: Connection, version: int, target: Target = None) -> None:
+    require_history(read_history(connection, resolve(connection, target)), version)
 
 
-def _verify_history(connection: Connection, version: int) -> None:
-    try:
-        rows = [
-            {"version": row[0], "name": row[1], "checksum": row[2]}
-            for row in connection.exec_driver_sql(_MIGRATIONS_SQL)
-        ]
-    except DBAPIError as cause:
-        raise schema_error(
-            SCHEMA_CORRUPT, "Scheduler migration history could not be read", cause=cause
-        ) from cause
-    if not _history_matches(rows, version):
-        raise schema_error(SCHEMA_UNKNOWN, "Scheduler migration history is unknown", {"migrations": rows})
-
-
-def _verify_indexes(connection: Connection, version: int) -> None:
+def _verify_indexes(connection: Connection, version: int, target: Target = None) -> None:
+    place = resolve(connection, target)
     expected = expected_indexes(version)
-    actual = [str(row[0]) for row in connection.exec_driver_sql(_INDEXES_SQL)]
+    if place.exclusive:
+        actual = [
+            str(row[0]) for row in connection.exec_driver_sql(_INDEXES_SQL.format(master=_master(place)))
+        ]
+    else:
+        actual = sorted(str(row[1]) for row in shared_objects(connection, place) if row[0] == "index")
+        actual = [name for name in actual if name.startswith("scheduler_")]
     if actual != expected:
         raise schema_error(
             SCHEMA_CORRUPT,
@@ -241,8 +296,19 @@ def _verify_indexes(connection: Connection, version: int) -> None:
         )
 
 
-def _verify_foreign_keys(connection: Connection) -> None:
-    failures = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+def _foreign_key_failures(connection: Connection, target: SchemaTarget) -> list[Any]:
+    if target.exclusive:
+        return list(connection.exec_driver_sql(target.pragma("foreign_key_check")).fetchall())
+    failures: list[Any] = []
+    for table in list_user_tables(connection, target):
+        failures += connection.exec_driver_sql(
+            target.pragma(f"foreign_key_check({json.dumps(table)})")
+        ).fetchall()
+    return failures
+
+
+def _verify_foreign_keys(connection: Connection, target: Target = None) -> None:
+    failures = _foreign_key_failures(connection, resolve(connection, target))
     if failures:
         raise schema_error(
             SCHEMA_CORRUPT,
@@ -251,27 +317,102 @@ def _verify_foreign_keys(connection: Connection) -> None:
         )
 
 
-def verify_schema(connection: Connection, version: int = ddl.SCHEDULER_STORE_SCHEMA_VERSION) -> None:
+# ----------------------------------------------------------------- public verification
+
+
+def verify_schema(
+    connection: Connection,
+    version: int = ddl.SCHEDULER_STORE_SCHEMA_VERSION,
+    *,
+    schema: str | None = None,
+    exclusive: bool = True,
+) -> None:
     """Verify the whole catalog is exactly schema ``version`` (1..6), in the seed's order.
 
-    quick_check → ``SCHEDULER_SCHEMA_CORRUPT``; table set → ``SCHEDULER_SCHEMA_UNKNOWN``;
-    application_id / user_version → ``SCHEDULER_SCHEMA_UNKNOWN``; column shapes,
-    catalog fingerprint → ``SCHEDULER_SCHEMA_CORRUPT``; migration history (rows and
-    checksums) → ``SCHEDULER_SCHEMA_UNKNOWN``; index names, ``foreign_key_check`` →
-    ``SCHEDULER_SCHEMA_CORRUPT``. ``details`` carry the seed's keys. Read-only.
+    SQLite: quick_check → ``SCHEDULER_SCHEMA_CORRUPT``; table set → ``SCHEDULER_SCHEMA_UNKNOWN``;
+    application_id / user_version (shared: name collisions, CORRUPT) → ``SCHEDULER_SCHEMA_UNKNOWN``;
+    column shapes, catalog fingerprint → ``SCHEDULER_SCHEMA_CORRUPT``; migration history (rows
+    and checksums) → ``SCHEDULER_SCHEMA_UNKNOWN``; index names, ``foreign_key_check`` →
+    ``SCHEDULER_SCHEMA_CORRUPT``. PostgreSQL: see ``pg_catalog.verify_catalog``. ``details``
+    carry the seed's keys. Read-only.
     """
-    _check_version(version)
-    assert_database_integrity(connection)
-    verify_catalog(connection, version)
+    check_version(version)
+    target = resolve(connection, schema, exclusive)
+    assert_database_integrity(connection, target)
+    verify_catalog(connection, version, schema=target.schema, exclusive=target.exclusive)
 
 
-def verify_catalog(connection: Connection, version: int = ddl.SCHEDULER_STORE_SCHEMA_VERSION) -> None:
+def verify_catalog(
+    connection: Connection,
+    version: int = ddl.SCHEDULER_STORE_SCHEMA_VERSION,
+    *,
+    schema: str | None = None,
+    exclusive: bool = True,
+) -> None:
     """Every check of :func:`verify_schema` except ``quick_check`` (for a caller that just ran it)."""
-    _check_version(version)
-    tables = _verify_tables(connection, version)
-    _verify_identity(connection, version)
-    _verify_table_shapes(connection, tables, version)
-    _verify_fingerprint(connection, version)
-    _verify_history(connection, version)
-    _verify_indexes(connection, version)
-    _verify_foreign_keys(connection)
+    check_version(version)
+    target = resolve(connection, schema, exclusive)
+    if target.is_postgresql:
+        pg_catalog.verify_catalog(connection, version, target)
+        return
+    tables = _verify_tables(connection, version, target)
+    _verify_identity(connection, version, target)
+    _verify_table_shapes(connection, tables, version, target)
+    _verify_fingerprint(connection, version, target)
+    _verify_history(connection, version, target)
+    _verify_indexes(connection, version, target)
+    _verify_foreign_keys(connection, target)
+
+
+# ----------------------------------------------------------------- inspection (SQLite)
+
+
+def read_shared_version(connection: Connection, target: SchemaTarget) -> int:
+    """A shared file's version: 0 without scheduler tables, else its known ``migrations`` history.
+
+    Scheduler-named objects without a ``migrations`` table collide with the application's
+    (``SCHEDULER_SCHEMA_CORRUPT``); an unknown history is ``SCHEDULER_SCHEMA_UNKNOWN``.
+    """
+    _verify_collisions(connection, target)
+    tables = list_user_tables(connection, target)
+    names = sorted({str(row[1]) for row in shared_objects(connection, target)})
+    if not names:
+        return 0
+    if "migrations" not in tables:
+        raise schema_error(
+            SCHEMA_CORRUPT, "Scheduler names collide with objects of the application", {"collisions": names}
+        )
+    _verify_table_shapes(connection, ["migrations"], 1, target)
+    return version_of_history(read_history(connection, target))
+
+
+def inspect_sqlite(connection: Connection, target: SchemaTarget) -> int:
+    """``inspect_database`` on SQLite (see there)."""
+    assert_database_integrity(connection, target)
+    if not target.exclusive:
+        version = read_shared_version(connection, target)
+        if 1 <= version < ddl.SCHEDULER_STORE_SCHEMA_VERSION:
+            verify_catalog(connection, version, schema=target.schema, exclusive=False)
+        return version
+    tables = list_user_tables(connection, target)
+    if not tables:
+        return 0
+    if "migrations" not in tables:
+        raise schema_error(
+            SCHEMA_UNKNOWN,
+            "Refusing a non-empty database without scheduler migration history",
+            {"tables": tables},
+        )
+    user_version = read_pragma_int(connection, "user_version", target)
+    latest = ddl.SCHEDULER_STORE_SCHEMA_VERSION
+    if 1 <= user_version < latest:
+        verify_schema(connection, user_version, schema=target.schema)
+        return user_version
+    if user_version == latest:
+        return user_version
+    verify_schema(connection, latest, schema=target.schema)
+    raise schema_error(  # unreachable: verify_schema refuses a foreign user_version
+        SCHEMA_UNKNOWN,
+        "Scheduler schema version or application identity is unknown",
+        {"applicationId": read_pragma_int(connection, "application_id", target), "userVersion": user_version},
+    )

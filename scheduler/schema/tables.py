@@ -6,7 +6,18 @@ be written as a Core expression. ``tests/test_schema_metadata.py`` proves both a
 
 Every CHECK expression is the DDL's expression with whitespace folded. ``Table.info`` and
 ``Column.info`` carry ``"since"``: the schema version that introduced the table or column
-(``catalog.py`` derives each version's expected tables, columns and indexes from it).
+(``versions.py`` derives each version's expected tables, columns and indexes from it).
+
+The same objects describe the PostgreSQL catalog (API §8): integers are ``BIGINT`` and text is
+``COLLATE "C"`` through type variants, the CHECKs SQLite spells with ``json_valid``/``GLOB`` are
+:class:`~scheduler.schema.checks.DialectCheck` (SQLite text unchanged, translated for
+PostgreSQL), ``events.event_id`` is a ``BIGSERIAL``, and the claim path's PostgreSQL-only indexes
+are created only there (``ddl_if``; ``info["dialect"]``). The SQLite DDL that
+``metadata.create_all`` emits is unchanged by all of this.
+
+The tables carry no schema: statements reach them through ``schema_translate_map``
+(see ``target.py``), so one ``MetaData`` serves ``main``, an attached database or any
+PostgreSQL schema.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     Column,
     ForeignKey,
@@ -24,17 +36,28 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    case,
+    literal_column,
     text,
 )
+from sqlalchemy.sql.elements import ColumnElement, Grouping
+
+from scheduler.schema.checks import DialectCheck, needs_translation
 
 SINCE: Final = "since"
 """Key in ``Table.info`` / ``Column.info`` holding the schema version that introduced it."""
+DIALECT: Final = "dialect"
+"""Key in ``Index.info`` naming the only dialect the index exists on (absent: every dialect)."""
 
 metadata = MetaData()
 
+_INTEGER: Final = Integer().with_variant(BigInteger(), "postgresql")
+_TEXT: Final = Text().with_variant(Text(collation="C"), "postgresql")
+
 
 def _check(expression: str) -> CheckConstraint:
-    return CheckConstraint(" ".join(expression.split()))
+    folded = " ".join(expression.split())
+    return CheckConstraint(DialectCheck(folded) if needs_translation(folded) else folded)
 
 
 def _json(name: str) -> CheckConstraint:
@@ -58,11 +81,11 @@ def _fk(target: str) -> ForeignKey:
 
 
 def _text(name: str, *args: Any, nullable: bool = False, **kwargs: Any) -> Column[Any]:
-    return Column(name, Text, *args, nullable=nullable, **kwargs)
+    return Column(name, _TEXT, *args, nullable=nullable, **kwargs)
 
 
 def _int(name: str, *args: Any, nullable: bool = False, **kwargs: Any) -> Column[Any]:
-    return Column(name, Integer, *args, nullable=nullable, **kwargs)
+    return Column(name, _INTEGER, *args, nullable=nullable, **kwargs)
 
 
 def _since(version: int) -> dict[str, int]:
@@ -163,6 +186,62 @@ events = Table(
 )
 Index("scheduler_events_occurrence", events.c.occurrence_id, events.c.event_id.desc())
 Index("scheduler_events_job", events.c.job_id, events.c.event_id.desc())
+
+
+# --------------------------------------------------------------------------- PostgreSQL-only (v1)
+#
+# The claim path on PostgreSQL picks the candidate in the seed's order with one ordered walk
+# and locks it FOR UPDATE SKIP LOCKED (SQLite merges three index-served probes in Python instead,
+# see scheduler/store/claim_query.py). Neither walk is served by scheduler_occurrences_claim,
+# whose leading `status` column splits the seed's order into one range per status.
+
+CLAIMABLE_STATUSES: Final = ("queued", "retry_wait", "running")
+
+
+def claim_order_key(occurrence: Any) -> ColumnElement[Any]:
+    """The seed's claim sort key: lease expiry for running rows, availability otherwise.
+
+    ``occurrence`` is ``occurrences`` or an alias of it. Statuses are rendered as literals so a
+    query using this expression matches ``scheduler_pg_occurrences_due`` (a bound parameter
+    would not match the index expression in a generic plan).
+    """
+    return case(
+        (occurrence.c.status == literal_column("'running'"), occurrence.c.lease_expires_at),
+        else_=occurrence.c.available_at,
+    )
+
+
+def _postgresql_only(index: Index) -> Index:
+    index.info[DIALECT] = "postgresql"
+    return index.ddl_if(dialect="postgresql")
+
+
+_CLAIMABLE_PREDICATE: Final = "status IN ('queued', 'retry_wait', 'running')"
+
+# claim_next on PostgreSQL: WHERE status IN ('queued', 'retry_wait', 'running') AND
+# claim_order_key(o) <= :now ... ORDER BY claim_order_key(o), scheduled_for, occurrence_id
+# walks this index in the seed's order from the oldest due row; cost does not grow with depth.
+_postgresql_only(
+    Index(
+        "scheduler_pg_occurrences_due",
+        Grouping(claim_order_key(occurrences)),  # an index expression needs its own parentheses
+        occurrences.c.scheduled_for,
+        occurrences.c.occurrence_id,
+        postgresql_where=text(_CLAIMABLE_PREDICATE),
+    )
+)
+# The expired-final-attempt sweep (seed: WHERE status = 'running' AND lease_expires_at <= :now
+# ORDER BY lease_expires_at, occurrence_id LIMIT 100), run on every claim: an ordered walk of the
+# running rows only, instead of sorting them (scheduler_pg_occurrences_due orders ties by
+# scheduled_for and interleaves the due queued rows).
+_postgresql_only(
+    Index(
+        "scheduler_pg_occurrences_expired",
+        occurrences.c.lease_expires_at,
+        occurrences.c.occurrence_id,
+        postgresql_where=text("status = 'running'"),
+    )
+)
 
 # --------------------------------------------------------------------------- v2
 

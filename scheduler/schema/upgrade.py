@@ -1,53 +1,53 @@
-"""Create or upgrade a scheduler SQLite database to schema v6 (seed: initializeOrVerifySchema).
+"""Create or upgrade the scheduler schema to v6 (seed: initializeOrVerifySchema), on both backends.
 
 The upgrade is one ordered list of steps, ``UPGRADE_STEPS``; step N takes a valid vN-1 database
-to a valid vN database: it runs the canonical DDL text of version N (v2 also runs the seed's
-authority backfill, ``migrateAuthorityV2``), records the ``migrations`` row with
-``applied_at = now`` and sets ``PRAGMA user_version = N`` (step 1 also sets the
-``application_id``). Nothing here begins or commits: the caller owns the write transaction
-(``BEGIN IMMEDIATE``), so a failed upgrade leaves the file untouched.
+to a valid vN database: it runs the DDL of version N (SQLite: the canonical text; PostgreSQL:
+``pg_ddl``, derived from the same Core tables), v2 also runs the seed's authority backfill
+(``backfill.py``, dialect-free Core), then records the ``migrations`` row with
+``applied_at = now``. On an exclusive SQLite database it also sets ``PRAGMA user_version = N``
+(step 1: ``application_id``); a shared SQLite file and a PostgreSQL schema keep their version in
+the ``migrations`` table alone. Nothing here begins or commits: the caller owns the write
+transaction (``BEGIN IMMEDIATE`` on SQLite, a READ COMMITTED transaction on PostgreSQL), so a
+failed upgrade leaves the database untouched.
+
+Every function takes ``schema=`` (``None``: ``"main"`` / ``"scheduler"``) and ``exclusive=``
+(SQLite only), see ``target.py``.
 
 ``inspect_database`` performs the seed's refusal checks before an upgrade and tells from which
-version to start; ``apply_upgrade`` runs the steps; ``apply_step`` runs one (Alembic revisions).
+version to start; ``apply_upgrade`` runs the steps; ``apply_step`` runs one (Alembic revisions);
+``initialize_or_upgrade`` does the whole open-time sequence in the caller's transaction.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, insert
 
-from scheduler.contract.authority import normalize_authority_envelope
-from scheduler.contract.canonical import canonical_json
-from scheduler.contract.constants import (
-    DEFAULT_AUTHORITY_MAX_RUNS,
-    DEFAULT_AUTHORITY_MAX_UNITS,
-    DEFAULT_AUTHORITY_WINDOW_MS,
-    TERMINAL_STATUSES,
-)
-from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.scalars import normalize_epoch_ms, utf16_sorted
-from scheduler.schema import ddl
+from scheduler.contract.errors import invalid_argument
+from scheduler.contract.scalars import normalize_epoch_ms
+from scheduler.schema import ddl, pg_catalog, pg_ddl
 from scheduler.schema import tables as t
+from scheduler.schema.backfill import backfill_authority_v2
 from scheduler.schema.catalog import (
-    SCHEMA_UNKNOWN,
-    assert_database_integrity,
+    inspect_sqlite,
     list_user_tables,
     read_pragma_int,
-    schema_error,
+    read_shared_version,
+    shared_objects,
+    verify_catalog,
     verify_schema,
 )
-
-DATA_CORRUPT: Final = "SCHEDULER_DATA_CORRUPT"
-SCHEDULER_POLICY_REVISION_REF: Final = "scheduler-authority:1"
-"""The ``authorizationRefs.schedulerPolicyRevision`` the v2 backfill binds every live authority to."""
+from scheduler.schema.target import SCHEMA_UNKNOWN, SchemaTarget, resolve, schema_error
 
 _STATEMENT_END: Final = re.compile(r";[ \t]*(?:\n|$)")
+_CREATED_NAME: Final = re.compile(r"^(CREATE TABLE |CREATE INDEX |CREATE UNIQUE INDEX |ALTER TABLE )(\w+)")
+
+StepFunction = Callable[[Connection, int, SchemaTarget], None]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class UpgradeStep:
     version: int
     name: str
     checksum: str
-    apply: Callable[[Connection, int], None]
+    apply: StepFunction
 
 
 # ----------------------------------------------------------------- DDL
@@ -72,143 +72,44 @@ def ddl_statements(sql: str) -> list[str]:
     return [part.strip() for part in _STATEMENT_END.split(sql) if part.strip()]
 
 
-def _run_ddl(connection: Connection, version: int) -> None:
+def qualified_statement(statement: str, target: SchemaTarget) -> str:
+    """A canonical statement addressed to ``target``'s database (unchanged for ``main``).
+
+    SQLite stores the created object's SQL without the schema qualifier, so the attached
+    database's catalog text is the canonical one.
+    """
+    return _CREATED_NAME.sub(lambda m: f"{m.group(1)}{target.qualify(m.group(2))}", statement, count=1)
+
+
+def _run_ddl(connection: Connection, version: int, target: SchemaTarget) -> None:
+    if target.is_postgresql:
+        pg_ddl.run_step_ddl(connection, version, target)
+        return
     for statement in ddl_statements(ddl.MIGRATION_SQL[version]):
-        connection.exec_driver_sql(statement)
+        connection.exec_driver_sql(qualified_statement(statement, target))
 
 
-def _create_v1(connection: Connection, now: int) -> None:
-    _run_ddl(connection, 1)
-    connection.exec_driver_sql(f"PRAGMA application_id = {int(ddl.SCHEDULER_APPLICATION_ID)}")
+def _create_v1(connection: Connection, now: int, target: SchemaTarget) -> None:
+    if target.is_postgresql:
+        pg_ddl.create_schema(connection, target)
+    _run_ddl(connection, 1, target)
+    if not target.is_postgresql and target.exclusive:
+        connection.exec_driver_sql(target.pragma(f"application_id = {int(ddl.SCHEDULER_APPLICATION_ID)}"))
 
 
-def _ddl_only(version: int) -> Callable[[Connection, int], None]:
-    def apply(connection: Connection, now: int) -> None:
-        _run_ddl(connection, version)
+def _ddl_only(version: int) -> StepFunction:
+    def apply(connection: Connection, now: int, target: SchemaTarget) -> None:
+        _run_ddl(connection, version, target)
 
     apply.__name__ = f"apply_v{version}"
     return apply
 
 
-# ----------------------------------------------------------------- v2 authority backfill
-
-
-def _data_corrupt(message: str, cause: BaseException | None = None) -> SchedulerKernelError:
-    error = SchedulerKernelError(DATA_CORRUPT, message)
-    error.__cause__ = cause
-    return error
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON constant {name}")
-
-
-def _read_stored_authority(encoded: str, field: str) -> dict[str, Any]:
-    """The seed's ``readStoredAuthority``: parse and normalize, else ``SCHEDULER_DATA_CORRUPT``."""
-    try:
-        value = json.loads(encoded, parse_constant=_reject_constant)
-    except (TypeError, ValueError) as cause:
-        raise _data_corrupt(f"Stored {field} is not valid JSON", cause) from cause
-    try:
-        return normalize_authority_envelope(value)
-    except SchedulerKernelError as cause:
-        if cause.code == DATA_CORRUPT:
-            raise
-        raise _data_corrupt(f"Stored {field} does not match authority envelope v1", cause) from cause
-    except (TypeError, ValueError) as cause:
-        raise _data_corrupt(f"Stored {field} does not match authority envelope v1", cause) from cause
-
-
-class _PolicyCollector:
-    """Principals seen by the backfill, in first-seen order, with their capability union."""
-
-    def __init__(self) -> None:
-        self.policies: dict[str, tuple[dict[str, Any], set[str]]] = {}
-
-    def bind(self, encoded: str, field: str) -> dict[str, Any]:
-        """Record the authority's principal and capabilities; return it bound to the policy."""
-        authority = _read_stored_authority(encoded, field)
-        principal = authority["principal"]
-        key = canonical_json(principal, f"{field}.principal")
-        _, capabilities = self.policies.setdefault(key, (principal, set()))
-        capabilities.update(authority["requestedCapabilities"])
-        refs = dict(authority.get("authorizationRefs") or {})
-        refs["schedulerPolicyRevision"] = SCHEDULER_POLICY_REVISION_REF
-        return {**authority, "authorizationRefs": refs}
-
-    def rows(self, now: int) -> list[dict[str, Any]]:
-        """One ``scheduler_authority_policies`` row per principal, in first-seen order."""
-        return [
-            {
-                "principal_type": principal["type"],
-                "principal_id": principal["id"],
-                "revision": 1,
-                "enabled": 1,
-                "capabilities_json": canonical_json(
-                    utf16_sorted(capabilities), "authorityPolicy.capabilities"
-                ),
-                "window_ms": DEFAULT_AUTHORITY_WINDOW_MS,
-                "max_runs": DEFAULT_AUTHORITY_MAX_RUNS,
-                "max_units": DEFAULT_AUTHORITY_MAX_UNITS,
-                "created_at": now,
-                "updated_at": now,
-            }
-            for principal, capabilities in self.policies.values()
-        ]
-
-
-def _bind_jobs(connection: Connection, collector: _PolicyCollector) -> list[tuple[str, dict[str, Any]]]:
-    rows = connection.execute(
-        select(t.jobs.c.job_id, t.jobs.c.authority_json).order_by(t.jobs.c.job_id)
-    ).all()
-    return [(row.job_id, collector.bind(row.authority_json, f"job {row.job_id} authority")) for row in rows]
-
-
-def _bind_occurrences(
-    connection: Connection, collector: _PolicyCollector
-) -> list[tuple[str, dict[str, Any]]]:
-    """Bind every non-terminal occurrence; terminal ones are validated but not rewritten."""
-    occ = t.occurrences.c
-    rows = connection.execute(
-        select(occ.occurrence_id, occ.status, occ.authority_json).order_by(occ.occurrence_id)
-    ).all()
-    bound: list[tuple[str, dict[str, Any]]] = []
-    for row in rows:
-        field = f"occurrence {row.occurrence_id} authority"
-        if row.status in TERMINAL_STATUSES:
-            _read_stored_authority(row.authority_json, field)
-        else:
-            bound.append((row.occurrence_id, collector.bind(row.authority_json, field)))
-    return bound
-
-
-def migrate_authority_v2(connection: Connection, now: int) -> None:
-    """Schema v2: the authority tables plus the seed's ``migrateAuthorityV2`` backfill.
-
-    Every job and every non-terminal occurrence gets a policy for its principal (capabilities:
-    the sorted union of what they request; default window and budgets; timestamps ``now``)
-    and its stored authority bound to ``schedulerPolicyRevision = "scheduler-authority:1"``.
-    Terminal occurrences are validated (``SCHEDULER_DATA_CORRUPT``) but left as they are.
-    """
-    _run_ddl(connection, 2)
-    collector = _PolicyCollector()
-    bound_jobs = _bind_jobs(connection, collector)
-    bound_occurrences = _bind_occurrences(connection, collector)
-    policy_rows = collector.rows(now)
-    if policy_rows:
-        connection.execute(insert(t.authority_policies), policy_rows)
-    for job_id, authority in bound_jobs:
-        connection.execute(
-            update(t.jobs)
-            .where(t.jobs.c.job_id == job_id)
-            .values(authority_json=canonical_json(authority, "job.authority"))
-        )
-    for occurrence_id, authority in bound_occurrences:
-        connection.execute(
-            update(t.occurrences)
-            .where(t.occurrences.c.occurrence_id == occurrence_id)
-            .values(authority_json=canonical_json(authority, "occurrence.authority"))
-        )
+def migrate_authority_v2(connection: Connection, now: int, target: SchemaTarget | None = None) -> None:
+    """Schema v2: the authority tables plus the seed's ``migrateAuthorityV2`` backfill."""
+    place = resolve(connection, target)
+    _run_ddl(connection, 2, place)
+    backfill_authority_v2(place.bind(connection), now)
 
 
 # ----------------------------------------------------------------- the ordered steps
@@ -247,27 +148,53 @@ def _validate_version(value: object, field: str, low: int, high: int) -> int:
     return value
 
 
-def _require_transaction(connection: Connection) -> None:
-    """Refuse to run DDL outside a real SQLite transaction (it would not be atomic)."""
-    driver = connection.connection.dbapi_connection
+def _require_transaction(connection: Connection, target: SchemaTarget) -> None:
+    """Refuse to run DDL outside a real transaction (it would not be atomic)."""
+    driver: Any = connection.connection.dbapi_connection
+    if target.is_postgresql:
+        if connection.in_transaction() and getattr(driver, "autocommit", False) is False:
+            return
+        raise invalid_argument(
+            "Scheduler schema upgrade must run inside an open transaction (not autocommit) on PostgreSQL"
+        )
     if getattr(driver, "in_transaction", True) is False:
         raise invalid_argument(
             "Scheduler schema upgrade must run inside an open write transaction (BEGIN IMMEDIATE)"
         )
 
 
-def _require_version(connection: Connection, version: int) -> None:
-    """Step 1 needs a database without tables (any header, as the seed); step N a vN-1 header."""
+def _current_version(connection: Connection, target: SchemaTarget) -> int:
+    if target.is_postgresql:
+        return pg_catalog.recorded_version(connection, target)
+    if target.exclusive:
+        return read_pragma_int(connection, "user_version", target)
+    return read_shared_version(connection, target)
+
+
+def _existing_objects(connection: Connection, target: SchemaTarget) -> dict[str, Any]:
+    """What step 1 finds in its way: every table (exclusive SQLite), the scheduler's objects
+    (shared SQLite) or every object of the schema (PostgreSQL)."""
+    if target.is_postgresql:
+        tables = pg_catalog.list_tables(connection, target)
+        objects = pg_catalog.list_objects(connection, target)
+        return {"tables": tables, "objects": objects} if tables or objects else {}
+    if target.exclusive:
+        tables = list_user_tables(connection, target)
+        return {"tables": tables} if tables else {}
+    names = sorted({row[1] for row in shared_objects(connection, target)})
+    return {"objects": names} if names else {}
+
+
+def _require_version(connection: Connection, version: int, target: SchemaTarget) -> None:
+    """Step 1 needs a database without tables (any header, as the seed); step N a vN-1 one."""
     if version == 1:
-        tables = list_user_tables(connection)
-        if tables:
+        found = _existing_objects(connection, target)
+        if found:
             raise schema_error(
-                SCHEMA_UNKNOWN,
-                "Refusing to create the scheduler schema in a non-empty database",
-                {"tables": tables},
+                SCHEMA_UNKNOWN, "Refusing to create the scheduler schema in a non-empty database", found
             )
         return
-    current = read_pragma_int(connection, "user_version")
+    current = _current_version(connection, target)
     if current != version - 1:
         raise schema_error(
             SCHEMA_UNKNOWN,
@@ -279,72 +206,113 @@ def _require_version(connection: Connection, version: int) -> None:
 # ----------------------------------------------------------------- public API
 
 
-def inspect_database(connection: Connection) -> int:
+def inspect_database(connection: Connection, *, schema: str | None = None, exclusive: bool = True) -> int:
     """Return the schema version to upgrade from (0 = empty) after the seed's refusal checks.
 
-    quick_check must pass; a non-empty database needs a ``migrations`` table
-    (``SCHEDULER_SCHEMA_UNKNOWN``, details ``{"tables": [...]}``); a v1..v5 database is
-    verified exactly as that version; for v6 the caller verifies (``verify_schema``); any other
-    ``user_version`` raises what ``verify_schema(connection, 6)`` raises. Read-only.
+    Integrity must pass (SQLite ``quick_check``; per scheduler table when shared); a non-empty
+    database (shared SQLite: any object of the scheduler's; PostgreSQL: any object in the
+    schema) needs a ``migrations`` table (``SCHEDULER_SCHEMA_UNKNOWN``, details
+    ``{"tables": [...]}``); a v1..v5 database is verified exactly as that version; for v6 the
+    caller verifies (``verify_schema``). The version is ``user_version`` on an exclusive SQLite
+    database and the ``migrations`` history otherwise. Read-only.
     """
-    assert_database_integrity(connection)
-    tables = list_user_tables(connection)
-    if not tables:
-        return 0
-    if "migrations" not in tables:
-        raise schema_error(
-            SCHEMA_UNKNOWN,
-            "Refusing a non-empty database without scheduler migration history",
-            {"tables": tables},
-        )
-    user_version = read_pragma_int(connection, "user_version")
-    if 1 <= user_version < LATEST_VERSION:
-        verify_schema(connection, user_version)
-        return user_version
-    if user_version == LATEST_VERSION:
-        return user_version
-    verify_schema(connection, LATEST_VERSION)
-    raise schema_error(  # unreachable: verify_schema refuses a foreign user_version
-        SCHEMA_UNKNOWN,
-        "Scheduler schema version or application identity is unknown",
-        {"applicationId": read_pragma_int(connection, "application_id"), "userVersion": user_version},
-    )
+    target = resolve(connection, schema, exclusive)
+    if target.is_postgresql:
+        return pg_catalog.inspect(connection, target)
+    return inspect_sqlite(connection, target)
 
 
-def apply_step(connection: Connection, version: int, now: int) -> None:
+def apply_step(
+    connection: Connection, version: int, now: int, *, schema: str | None = None, exclusive: bool = True
+) -> None:
     """Take a valid v``version - 1`` database to v``version`` (inside the caller's transaction).
 
-    Runs the step, inserts its ``migrations`` row (``applied_at = now``) and sets
-    ``PRAGMA user_version = version``; step 1 also sets ``PRAGMA application_id``.
-    Refuses (``SCHEDULER_SCHEMA_UNKNOWN``) when ``user_version`` is not ``version - 1`` or,
-    for step 1, when the database already has tables.
+    Runs the step and inserts its ``migrations`` row (``applied_at = now``); on an exclusive
+    SQLite database also sets ``PRAGMA user_version = version`` (step 1: ``application_id``).
+    On PostgreSQL it first takes the schema's advisory lock and step 1 creates the schema if
+    absent. Refuses (``SCHEDULER_SCHEMA_UNKNOWN``) when the database is not at ``version - 1``
+    or, for step 1, when it already has objects in the way.
     """
     _validate_version(version, "version", 1, LATEST_VERSION)
     validate_now(now)
-    _require_transaction(connection)
-    _require_version(connection, version)
+    target = resolve(connection, schema, exclusive)
+    _require_transaction(connection, target)
+    if target.is_postgresql:
+        pg_ddl.lock_schema(connection, target)
+    _require_version(connection, version, target)
     step = UPGRADE_STEPS[version - 1]
-    step.apply(connection, now)
-    connection.execute(
+    step.apply(connection, now, target)
+    target.bind(connection).execute(
         insert(t.migrations).values(
             version=step.version, name=step.name, checksum=step.checksum, applied_at=now
         )
     )
-    connection.exec_driver_sql(f"PRAGMA user_version = {int(step.version)}")
+    if not target.is_postgresql and target.exclusive:
+        connection.exec_driver_sql(target.pragma(f"user_version = {int(step.version)}"))
 
 
 def apply_upgrade(
-    connection: Connection, from_version: int, now: int, to_version: int = LATEST_VERSION
+    connection: Connection,
+    from_version: int,
+    now: int,
+    to_version: int = LATEST_VERSION,
+    *,
+    schema: str | None = None,
+    exclusive: bool = True,
 ) -> None:
     """Run every step after ``from_version`` up to ``to_version`` (default 6) in order.
 
     ``from_version`` is what ``inspect_database`` returned (0 = create from empty). The result
     equals the seed's one-transaction upgrade: tables, backfill, one ``migrations`` row per
-    step with ``applied_at = now``, ``application_id`` when created from empty, and
-    ``user_version = to_version``. Does not begin or commit.
+    step with ``applied_at = now`` (and, exclusive SQLite, ``application_id`` when created from
+    empty and ``user_version = to_version``). Does not begin or commit.
     """
     _validate_version(from_version, "from_version", 0, LATEST_VERSION)
     _validate_version(to_version, "to_version", from_version, LATEST_VERSION)
     validate_now(now)
+    target = resolve(connection, schema, exclusive)
     for step in UPGRADE_STEPS[from_version:to_version]:
-        apply_step(connection, step.version, now)
+        apply_step(connection, step.version, now, schema=target.schema, exclusive=target.exclusive)
+
+
+def initialize_or_upgrade(
+    connection: Connection, *, now: int, schema: str | None = None, exclusive: bool = True
+) -> int:
+    """Bring the scheduler schema to v6 inside the caller's write transaction; return the start version.
+
+    Inspect (refusing what the seed refuses), then create or upgrade, then verify the whole v6
+    catalog. SQLite: the caller's transaction must be ``BEGIN IMMEDIATE`` (the write lock makes
+    inspect-then-upgrade atomic). PostgreSQL: a READ COMMITTED transaction; when something is
+    to be done the schema's advisory lock is taken and the schema re-inspected under it, so of
+    two processes opening an empty database one creates and the other waits, then verifies.
+    Raises ``SCHEDULER_SCHEMA_*`` (nothing written: the caller rolls back).
+    """
+    validate_now(now)
+    target = resolve(connection, schema, exclusive)
+    version = inspect_database(connection, schema=target.schema, exclusive=target.exclusive)
+    if version != LATEST_VERSION:
+        _require_transaction(connection, target)
+        if target.is_postgresql:
+            pg_ddl.lock_schema(connection, target)
+            version = inspect_database(connection, schema=target.schema)
+        apply_upgrade(connection, version, now, schema=target.schema, exclusive=target.exclusive)
+        verify_schema(connection, LATEST_VERSION, schema=target.schema, exclusive=target.exclusive)
+    else:
+        verify_catalog(connection, LATEST_VERSION, schema=target.schema, exclusive=target.exclusive)
+    return version
+
+
+__all__ = [
+    "LATEST_VERSION",
+    "UPGRADE_STEPS",
+    "UpgradeStep",
+    "apply_step",
+    "apply_upgrade",
+    "ddl_statements",
+    "initialize_or_upgrade",
+    "inspect_database",
+    "migrate_authority_v2",
+    "qualified_statement",
+    "validate_now",
+    "wall_clock_ms",
+]

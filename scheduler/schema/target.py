@@ -1,0 +1,134 @@
+"""Where the scheduler's tables live: the backend, the schema and (SQLite) whether the file is ours.
+
+Every function of the schema layer takes ``schema=`` and ``exclusive=`` and resolves them here,
+once per call, into a :class:`SchemaTarget`:
+
+* SQLite: ``schema`` is ``"main"`` (default) or the name of an attached database. ``exclusive``
+  (default ``True``) means the database file holds the scheduler's catalog and nothing else and
+  its ``application_id``/``user_version`` are the scheduler's (the original's rule); ``False``
+  means the file is shared with an application (API §8).
+* PostgreSQL: ``schema`` is a schema name (default ``"scheduler"``; any name, quoted as needed);
+  the schema holds the scheduler's objects and nothing else. ``exclusive`` must stay ``True``.
+
+Core statements over ``scheduler.schema.tables`` reach the right place through
+``SchemaTarget.bind(connection)`` (``schema_translate_map={None: schema}``); raw catalog SQL
+uses ``SchemaTarget.qualify`` / ``SchemaTarget.pragma``. For SQLite ``main`` nothing is
+qualified, so the statements of the default layout are exactly those of the original.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Connection
+
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+
+SQLITE: Final = "sqlite"
+POSTGRESQL: Final = "postgresql"
+DEFAULT_SCHEMAS: Final = {SQLITE: "main", POSTGRESQL: "scheduler"}
+POSTGRESQL_MAX_IDENTIFIER_BYTES: Final = 63
+
+SCHEMA_CORRUPT: Final = "SCHEDULER_SCHEMA_CORRUPT"
+SCHEMA_UNKNOWN: Final = "SCHEDULER_SCHEMA_UNKNOWN"
+
+
+def schema_error(
+    code: str, message: str, details: Any = None, cause: BaseException | None = None
+) -> SchedulerKernelError:
+    """A ``SCHEDULER_SCHEMA_*`` error, chaining ``cause`` like the seed's ``schemaError``."""
+    error = SchedulerKernelError(code, message, details)
+    error.__cause__ = cause
+    return error
+
+
+def quote_identifier(name: str) -> str:
+    """``"name"`` with embedded double quotes doubled (SQLite and PostgreSQL alike)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class SchemaTarget:
+    """A resolved place for the scheduler's tables on one connection's backend."""
+
+    dialect: str
+    schema: str
+    exclusive: bool = True
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.dialect == POSTGRESQL
+
+    @property
+    def is_default_sqlite(self) -> bool:
+        """SQLite ``main``: statements stay unqualified, exactly the original's."""
+        return self.dialect == SQLITE and self.schema == "main"
+
+    @property
+    def prefix(self) -> str:
+        """``""`` for SQLite ``main``, else the quoted schema and a dot."""
+        return "" if self.is_default_sqlite else quote_identifier(self.schema) + "."
+
+    def qualify(self, name: str) -> str:
+        """A table (or ``sqlite_master``) name for raw SQL in this schema."""
+        return self.prefix + name
+
+    def pragma(self, body: str) -> str:
+        """``PRAGMA body`` addressed to this schema's database (SQLite)."""
+        return f"PRAGMA {self.prefix}{body}"
+
+    @property
+    def translate_map(self) -> dict[str | None, str] | None:
+        return None if self.is_default_sqlite else {None: self.schema}
+
+    def bind(self, connection: Connection) -> Connection:
+        """``connection`` with Core statements over the schema-less tables sent to this schema."""
+        mapping = self.translate_map
+        return connection if mapping is None else connection.execution_options(schema_translate_map=mapping)
+
+
+def _validate_schema(schema: object, dialect: str) -> str:
+    if not isinstance(schema, str) or not schema or "\x00" in schema:
+        raise invalid_argument("schema must be a non-empty string")
+    if dialect == POSTGRESQL and len(schema.encode("utf-8")) > POSTGRESQL_MAX_IDENTIFIER_BYTES:
+        raise invalid_argument(
+            f"schema must be at most {POSTGRESQL_MAX_IDENTIFIER_BYTES} bytes on PostgreSQL"
+        )
+    if dialect == POSTGRESQL and schema.startswith("pg_"):
+        raise invalid_argument("schema names starting with pg_ are reserved by PostgreSQL")
+    return schema
+
+
+def _attached_databases(connection: Connection) -> list[str]:
+    return [str(row[1]) for row in connection.exec_driver_sql("PRAGMA database_list")]
+
+
+def schema_target(connection: Connection, schema: str | None = None, exclusive: bool = True) -> SchemaTarget:
+    """Resolve ``schema``/``exclusive`` for ``connection``'s backend; ``SCHEDULER_INVALID_ARGUMENT``
+    for an unsupported backend, a bad name, an SQLite name that is not an attached database (or
+    ``temp``), or ``exclusive=False`` on PostgreSQL."""
+    dialect = connection.dialect.name
+    if dialect not in DEFAULT_SCHEMAS:
+        raise invalid_argument(f"the scheduler schema supports SQLite and PostgreSQL, not {dialect}")
+    if not isinstance(exclusive, bool):
+        raise invalid_argument("exclusive must be a boolean")
+    name = DEFAULT_SCHEMAS[dialect] if schema is None else _validate_schema(schema, dialect)
+    if dialect == POSTGRESQL and not exclusive:
+        raise invalid_argument(
+            "exclusive=False applies to SQLite only: a PostgreSQL schema is the scheduler's"
+        )
+    if dialect == SQLITE and name != "main":
+        attached = [database.lower() for database in _attached_databases(connection)]
+        if name.lower() == "temp" or name.lower() not in attached:
+            raise invalid_argument(f"schema {name!r} is not an attached SQLite database")
+    return SchemaTarget(dialect, name, exclusive)
+
+
+def resolve(
+    connection: Connection, schema: str | SchemaTarget | None, exclusive: bool = True
+) -> SchemaTarget:
+    """A :class:`SchemaTarget` as is, else :func:`schema_target` (internal calls pass one along)."""
+    if isinstance(schema, SchemaTarget):
+        return schema
+    return schema_target(connection, schema, exclusive)
