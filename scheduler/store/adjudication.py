@@ -25,9 +25,9 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import (
     assert_positive_safe_int,
     normalize_history_limit,
-    normalize_identifier,
     normalize_sha256_digest,
 )
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.authority import load_authority_reservation, load_occurrence, occurrence_not_found
 from scheduler.store.base import StoreBase
@@ -341,7 +341,7 @@ class AdjudicationOperations(StoreBase):
 
     def get_adjudication_case(self, occurrence_id: Any) -> AdjudicationCase | None:
         """The occurrence as an adjudication case (eligibility, evidence digest), or ``None``."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_adjudication_case(tx, identifier))
 
     def list_adjudication_cases(self, *, limit: Any = 50) -> list[AdjudicationCase]:
@@ -351,7 +351,7 @@ class AdjudicationOperations(StoreBase):
 
     def get_occurrence_adjudication(self, occurrence_id: Any) -> Adjudication | None:
         """The occurrence's adjudication record, or ``None``."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_adjudication(tx, identifier))
 
     def adjudicate_occurrence(
@@ -367,7 +367,7 @@ class AdjudicationOperations(StoreBase):
     ) -> AdjudicationCase:
         """Record a local operator's decision on an outcome-unknown dead letter (compare-and-set)."""
         request = {
-            "occurrence_id": normalize_identifier(occurrence_id, "occurrenceId"),
+            "occurrence_id": normalize_key(occurrence_id, "occurrenceId"),
             "decision": normalize_adjudication_decision(decision),
             "evidence_digest": normalize_sha256_digest(expected_evidence_digest, "expectedEvidenceDigest"),
             "reason_digest": normalize_sha256_digest(reason_digest, "reasonDigest"),

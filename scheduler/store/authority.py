@@ -13,8 +13,6 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Row
 
 from scheduler.contract.authority import (
-    normalize_authority_envelope,
-    normalize_authority_principal,
     normalize_capability_list,
 )
 from scheduler.contract.canonical import canonical_json
@@ -29,7 +27,13 @@ from scheduler.contract.constants import (
     RUNNING,
 )
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument, kernel_error
-from scheduler.contract.scalars import is_safe_int, normalize_boolean, normalize_identifier
+from scheduler.contract.scalars import is_safe_int, normalize_boolean
+from scheduler.contract.storable import (
+    normalize_key,
+    normalize_stored_authority,
+    normalize_stored_capabilities,
+    normalize_stored_principal,
+)
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.jobs import not_found
@@ -365,8 +369,8 @@ class AuthorityOperations(StoreBase):
         expected_revision: Any = None,
     ) -> AuthorityPolicy:
         """Create or replace the policy of ``principal`` (``expected_revision=0`` = create only)."""
-        actor = normalize_authority_principal(principal)
-        allowed = normalize_capability_list(capabilities)
+        actor = normalize_stored_principal(principal)
+        allowed = normalize_stored_capabilities(capabilities)
         window = _normalize_window_ms(window_ms)
         runs = normalize_authority_budget_limit(max_runs, "maxRuns")
         units = normalize_authority_budget_limit(max_units, "maxUnits")
@@ -377,7 +381,7 @@ class AuthorityOperations(StoreBase):
 
     def get_authority_policy(self, principal: Any) -> AuthorityPolicy | None:
         """The policy of ``principal`` (``{"type", "id"}``), or ``None``."""
-        actor = normalize_authority_principal(principal)
+        actor = normalize_stored_principal(principal)
         return self._read(lambda tx: load_authority_policy(tx, actor))
 
     def ensure_authority_policy(
@@ -392,7 +396,7 @@ class AuthorityOperations(StoreBase):
 
         Tolerates a concurrent creation (returns the policy another writer created).
         """
-        normalized = normalize_authority_envelope(authority)
+        normalized = normalize_stored_authority(authority)
         window = _normalize_window_ms(window_ms)
         runs = normalize_authority_budget_limit(max_runs, "maxRuns")
         units = normalize_authority_budget_limit(max_units, "maxUnits")
@@ -415,14 +419,14 @@ class AuthorityOperations(StoreBase):
 
     def get_authority_reservation(self, occurrence_id: Any) -> AuthorityReservation | None:
         """The occurrence's reservation, or ``None``."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_authority_reservation(tx, identifier))
 
     def reserve_authority(
         self, *, occurrence_id: Any, policy_revision: Any, units: Any = 1
     ) -> AuthorityReservation:
         """Book ``units`` of the principal's budget for a running occurrence (``deduplicated`` on repeat)."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         revision = normalize_authority_budget_limit(
             policy_revision, "policyRevision", maximum=MAX_SAFE_INTEGER
         )

@@ -7,7 +7,8 @@ from typing import Any, Final
 from sqlalchemy import bindparam, select
 
 from scheduler.contract.constants import DEAD_LETTER, DEFAULT_HISTORY_LIMIT
-from scheduler.contract.scalars import normalize_history_limit, normalize_identifier
+from scheduler.contract.scalars import normalize_history_limit
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.fastpath import Prepared
@@ -69,8 +70,8 @@ class HistoryOperations(StoreBase):
     ) -> list[Event]:
         """Events, newest first, filtered by occurrence and/or job (``limit`` 1.., clamped to 200)."""
         bounded = normalize_history_limit(limit)
-        occurrence = None if occurrence_id is None else normalize_identifier(occurrence_id, "occurrenceId")
-        job = None if job_id is None else normalize_identifier(job_id, "jobId")
+        occurrence = None if occurrence_id is None else normalize_key(occurrence_id, "occurrenceId")
+        job = None if job_id is None else normalize_key(job_id, "jobId")
         return self._read(lambda tx: read_events(tx, occurrence, job, bounded))
 
     def list_dead_letters(
@@ -78,5 +79,5 @@ class HistoryOperations(StoreBase):
     ) -> list[Occurrence]:
         """Dead-lettered occurrences, most recently settled first (optionally of one job)."""
         bounded = normalize_history_limit(limit)
-        job = None if job_id is None else normalize_identifier(job_id, "jobId")
+        job = None if job_id is None else normalize_key(job_id, "jobId")
         return self._read(lambda tx: read_dead_letters(tx, job, bounded))

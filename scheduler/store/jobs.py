@@ -7,17 +7,15 @@ from typing import Any, Final
 
 from sqlalchemy import bindparam, insert, select, update
 
-from scheduler.contract.authority import normalize_authority_envelope
 from scheduler.contract.canonical import canonical_json, normalize_json
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.jobs import normalize_job_definition
 from scheduler.contract.scalars import (
     MISSING,
     assert_positive_safe_int,
     normalize_boolean,
-    normalize_identifier,
     normalize_max_attempts,
 )
+from scheduler.contract.storable import normalize_key, normalize_stored_authority, normalize_stored_job
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.fastpath import Prepared
@@ -104,10 +102,10 @@ def normalize_job_patch(fields: dict[str, Any]) -> dict[str, Any]:
     if not fields:
         raise invalid_argument("job patch must not be empty")
     normalizers: dict[str, Callable[[Any], Any]] = {
-        "kind": lambda v: normalize_identifier(v, "job.kind", 128),
+        "kind": lambda v: normalize_key(v, "job.kind", 128),
         "trigger": lambda v: normalize_json(v, "job.trigger"),
         "payload": lambda v: normalize_json(v, "job.payload"),
-        "authority": normalize_authority_envelope,
+        "authority": normalize_stored_authority,
         "enabled": lambda v: normalize_boolean(v, "job.enabled"),
         "maxAttempts": normalize_max_attempts,
     }
@@ -129,7 +127,7 @@ class JobOperations(StoreBase):
         max_attempts: int = 3,
     ) -> Job:
         """Create a job at revision 1 (``SCHEDULER_CONFLICT`` if the id exists)."""
-        job = normalize_job_definition(
+        job = normalize_stored_job(
             {
                 "id": id,
                 "kind": kind,
@@ -144,7 +142,7 @@ class JobOperations(StoreBase):
 
     def get_job(self, job_id: str) -> Job | None:
         """The job, or ``None``."""
-        identifier = normalize_identifier(job_id, "jobId")
+        identifier = normalize_key(job_id, "jobId")
         return self._read(lambda tx: load_job(tx, identifier))
 
     def update_job(
@@ -160,7 +158,7 @@ class JobOperations(StoreBase):
         max_attempts: Any = _OMITTED,
     ) -> Job:
         """Change the given fields if the job is at ``expected_revision`` (compare-and-set)."""
-        identifier = normalize_identifier(job_id, "jobId")
+        identifier = normalize_key(job_id, "jobId")
         revision = assert_positive_safe_int(expected_revision, "expectedRevision")
         given = {
             "kind": kind,

@@ -16,7 +16,8 @@ from sqlalchemy import and_, bindparam, update
 from scheduler.contract.canonical import canonical_json
 from scheduler.contract.constants import DEAD_LETTER, MAX_LEASE_MS, MAX_SAFE_INTEGER, RUNNING
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int, normalize_identifier
+from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.claim_query import (
@@ -143,7 +144,7 @@ def normalize_claim_batch_limit(value: Any) -> int:
 
 
 def optional_identifier(value: Any, field: str, max_length: int) -> str | None:
-    return None if value is None else normalize_identifier(value, field, max_length)
+    return None if value is None else normalize_key(value, field, max_length)
 
 
 # ------------------------------------------------------------------------------------ sweep
@@ -354,7 +355,7 @@ class LeaseOperations(StoreBase):
 
         Expired final attempts are dead-lettered first; expired leases are reclaimed.
         """
-        owner = normalize_identifier(owner_id, "ownerId")
+        owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
         kind = optional_identifier(job_kind, "jobKind", 128)
         workspace = optional_identifier(workspace_id, "workspaceId", 256)
@@ -371,7 +372,7 @@ class LeaseOperations(StoreBase):
         workspace_id: str | None = None,
     ) -> list[Occurrence]:
         """Up to ``limit`` (1..1000) successive ``claim_next`` results in one transaction."""
-        owner = normalize_identifier(owner_id, "ownerId")
+        owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
         kind = optional_identifier(job_kind, "jobKind", 128)
         workspace = optional_identifier(workspace_id, "workspaceId", 256)
@@ -380,15 +381,15 @@ class LeaseOperations(StoreBase):
 
     def claim_occurrence(self, *, occurrence_id: str, owner_id: str, lease_ms: int) -> Occurrence | None:
         """Claim one named occurrence if it is eligible, else ``None`` (``SCHEDULER_NOT_FOUND`` if absent)."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
-        owner = normalize_identifier(owner_id, "ownerId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
+        owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
         return self._write(lambda tx: claim_occurrence_in(tx, identifier, owner, lease))
 
     def renew(self, *, occurrence_id: str, owner_id: str, fence: int, lease_ms: int) -> Occurrence:
         """Extend the caller's live lease; it never shrinks (``SCHEDULER_LEASE_LOST`` if not held)."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
-        owner = normalize_identifier(owner_id, "ownerId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
+        owner = normalize_key(owner_id, "ownerId")
         token = assert_positive_safe_int(fence, "fence")
         lease = normalize_lease_ms(lease_ms)
         return self._write(lambda tx: renew_in(tx, identifier, owner, token, lease))

@@ -12,7 +12,8 @@ from scheduler.contract.canonical import canonical_json, normalize_and_encode_js
 from scheduler.contract.constants import QUEUED
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.identity import derive_occurrence_identity
-from scheduler.contract.scalars import MISSING, is_safe_int, normalize_epoch_ms, normalize_identifier
+from scheduler.contract.scalars import MISSING, is_safe_int, normalize_epoch_ms
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
@@ -66,9 +67,9 @@ def normalize_enqueue(
     job_id: Any, scheduled_for: Any, trigger_key: Any, available_at: Any, payload: Any
 ) -> EnqueueRequest:
     """Validate enqueue arguments in the seed's order (jobId, scheduledFor, triggerKey, availableAt)."""
-    identifier = normalize_identifier(job_id, "jobId")
+    identifier = normalize_key(job_id, "jobId")
     scheduled = normalize_epoch_ms(scheduled_for, "scheduledFor")
-    key = normalize_identifier(trigger_key, "triggerKey")
+    key = normalize_key(trigger_key, "triggerKey")
     available = normalize_epoch_ms(scheduled if available_at is None else available_at, "availableAt")
     payload_json = None if payload is OMITTED else normalize_and_encode_json(payload, "occurrence.payload")[1]
     return EnqueueRequest(identifier, scheduled, key, available, payload_json)
@@ -313,15 +314,15 @@ class OccurrenceOperations(StoreBase):
 
     def get_occurrence(self, occurrence_id: str) -> Occurrence | None:
         """The occurrence, or ``None``."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_occurrence(tx, identifier))
 
     def list_occurrences_by_trigger(
         self, *, job_id: str, trigger_key: str, limit: int = DEFAULT_TRIGGER_LIST_LIMIT
     ) -> list[Occurrence]:
         """Occurrences of one job + trigger, oldest first (``limit`` clamped to 1..200)."""
-        identifier = normalize_identifier(job_id, "jobId")
-        key = normalize_identifier(trigger_key, "triggerKey")
+        identifier = normalize_key(job_id, "jobId")
+        key = normalize_key(trigger_key, "triggerKey")
         bounded = normalize_trigger_list_limit(limit)
         return self._read(lambda tx: list_by_trigger(tx, identifier, key, bounded))
 

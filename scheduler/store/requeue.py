@@ -12,7 +12,8 @@ from sqlalchemy import insert, select, update
 
 from scheduler.contract.constants import DEAD_LETTER
 from scheduler.contract.errors import SchedulerKernelError
-from scheduler.contract.scalars import assert_positive_safe_int, normalize_identifier
+from scheduler.contract.scalars import assert_positive_safe_int
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.authority import load_occurrence, load_occurrence_row, occurrence_not_found
 from scheduler.store.base import StoreBase
@@ -109,8 +110,8 @@ class RequeueOperations(StoreBase):
 
         The next claim of the requeued occurrence does not consume an attempt.
         """
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         fence = assert_positive_safe_int(expected_fence, "expectedFence")
-        error_code = normalize_identifier(expected_error_code, "expectedErrorCode", 128)
-        request = normalize_identifier(request_id, "requestId", 128)
+        error_code = normalize_key(expected_error_code, "expectedErrorCode", 128)
+        request = normalize_key(request_id, "requestId", 128)
         return self._write(lambda tx: requeue_dead_letter_in(tx, identifier, fence, error_code, request))

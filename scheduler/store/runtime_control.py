@@ -30,9 +30,9 @@ from scheduler.contract.runtime_control import (
 from scheduler.contract.scalars import (
     assert_positive_safe_int,
     is_safe_int,
-    normalize_identifier,
     utf8_byte_length,
 )
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.authority import load_occurrence, load_occurrence_row, occurrence_not_found
 from scheduler.store.records import ControlResult, OccurrenceControl, RuntimeControlOccurrence
@@ -103,7 +103,7 @@ def _normalize_pause_expected_revision(value: object) -> int | None:
 
 
 def _normalize_safe_point(value: object) -> str:
-    point = normalize_identifier(value, "safePoint", 64)
+    point = normalize_key(value, "safePoint", 64)
     if point not in RUNTIME_CONTROL_SAFE_POINTS:
         raise invalid_argument("safePoint is not a scheduler runtime safe point")
     return point
@@ -400,7 +400,7 @@ class RuntimeControlOperations(RequeueOperations):
 
     def get_occurrence_control(self, occurrence_id: Any) -> OccurrenceControl | None:
         """The occurrence's runtime control, or ``None``."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_occurrence_control(tx, identifier))
 
     def list_runtime_control_occurrences(
@@ -432,9 +432,9 @@ class RuntimeControlOperations(RequeueOperations):
         expected_revision: Any = None,
     ) -> OccurrenceControl:
         """Request a durable pause of a running occurrence whose adapter declares ``checkpoint_v1``."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         fence = assert_positive_safe_int(expected_fence, "expectedFence")
-        request = normalize_identifier(request_id, "requestId", 128)
+        request = normalize_key(request_id, "requestId", 128)
         revision = _normalize_pause_expected_revision(expected_revision)
         declared = normalize_runtime_control_capability(capability)
         if declared["pauseResume"] != PAUSE_RESUME_CHECKPOINT_V1:
@@ -463,11 +463,11 @@ class RuntimeControlOperations(RequeueOperations):
         checkpoint: Any = None,
     ) -> ControlResult:
         """The lease owner acknowledges a pending pause at ``safe_point`` with an optional checkpoint."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         ack: dict[str, Any] = {
-            "owner_id": normalize_identifier(owner_id, "ownerId"),
+            "owner_id": normalize_key(owner_id, "ownerId"),
             "fence": assert_positive_safe_int(fence, "fence"),
-            "request_id": normalize_identifier(request_id, "requestId", 128),
+            "request_id": normalize_key(request_id, "requestId", 128),
             "revision": assert_positive_safe_int(expected_revision, "expectedRevision"),
             "safe_point": _normalize_safe_point(safe_point),
         }
@@ -480,7 +480,7 @@ class RuntimeControlOperations(RequeueOperations):
         self, *, occurrence_id: Any, expected_revision: Any, request_id: Any
     ) -> ControlResult:
         """Resume a paused occurrence; its next claim does not consume an attempt."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         revision = assert_positive_safe_int(expected_revision, "expectedRevision")
-        request = normalize_identifier(request_id, "requestId", 128)
+        request = normalize_key(request_id, "requestId", 128)
         return self._write(lambda tx: resume_occurrence_in(tx, identifier, revision, request))

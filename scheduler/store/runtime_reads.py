@@ -18,7 +18,8 @@ from scheduler.contract.runtime_control import (
     normalize_runtime_control_capability,
     scheduler_runtime_control_capability_digest,
 )
-from scheduler.contract.scalars import is_safe_int, normalize_identifier, utf16_sorted
+from scheduler.contract.scalars import is_safe_int, utf16_sorted
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.records import ControlSummary, OccurrenceControl, RuntimeControlOccurrence
 from scheduler.store.rows import data_corrupt, read_stored_json
@@ -88,9 +89,7 @@ def normalize_runtime_control_enumeration(values: object, allowed: Iterable[str]
     if not isinstance(values, (list, tuple)) or not values:
         raise invalid_argument(f"{field} must be a non-empty array")
     normalized = list(
-        dict.fromkeys(
-            normalize_identifier(value, f"{field}[{index}]", 128) for index, value in enumerate(values)
-        )
+        dict.fromkeys(normalize_key(value, f"{field}[{index}]", 128) for index, value in enumerate(values))
     )
     permitted = set(allowed)
     unsupported = [value for value in normalized if value not in permitted]

@@ -15,8 +15,8 @@ from scheduler.contract.scalars import (
     assert_positive_safe_int,
     normalize_boolean,
     normalize_epoch_ms,
-    normalize_identifier,
 )
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import (
@@ -158,8 +158,8 @@ def normalize_settle(
     adjudication_request_id: Any = None,
 ) -> SettleRequest:
     """Validate in the seed's order; ``result`` is ignored on failure, ``error``/``retry_at`` on success."""
-    identifier = normalize_identifier(occurrence_id, "occurrenceId")
-    owner = normalize_identifier(owner_id, "ownerId")
+    identifier = normalize_key(occurrence_id, "occurrenceId")
+    owner = normalize_key(owner_id, "ownerId")
     token = assert_positive_safe_int(fence, "fence")
     if not isinstance(outcome, str) or outcome not in ("succeeded", "failed"):
         raise invalid_argument("outcome must be succeeded or failed")
@@ -181,7 +181,7 @@ def normalize_settle(
     adjudication = (
         None
         if adjudication_request_id is None
-        else normalize_identifier(adjudication_request_id, "adjudicationRequestId", 128)
+        else normalize_key(adjudication_request_id, "adjudicationRequestId", 128)
     )
     return SettleRequest(
         identifier,

@@ -16,7 +16,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam, func, select
 
 from scheduler.contract.errors import invalid_argument
-from scheduler.contract.scalars import normalize_identifier
+from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import json_text_field
@@ -120,16 +120,16 @@ class WorkerReadOperations(StoreBase):
         if job_kinds is not None:
             if isinstance(job_kinds, str) or not isinstance(job_kinds, (list, tuple)):
                 raise invalid_argument("jobKinds must be a list of job kinds")
-            kinds = [normalize_identifier(kind, "jobKind", 128) for kind in job_kinds]
+            kinds = [normalize_key(kind, "jobKind", 128) for kind in job_kinds]
         return self._read(lambda tx: list_periodic_jobs_in(tx, kinds))
 
     def latest_trigger_ticks(self, job_id: str) -> dict[str, FiredTick]:
         """The job's last fired periodic tick per key prefix (``"cron:"``, ``"interval:"``, ``"once:"``):
         the one with the largest ``scheduled_for`` among its newest 1,000 occurrences."""
-        identifier = normalize_identifier(job_id, "jobId")
+        identifier = normalize_key(job_id, "jobId")
         return self._read(lambda tx: latest_ticks_in(tx, identifier))
 
     def get_occurrence_runtime(self, occurrence_id: str) -> OccurrenceRuntime | None:
         """The occurrence's current job kind and runtime control (one read), or ``None`` if absent."""
-        identifier = normalize_identifier(occurrence_id, "occurrenceId")
+        identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: occurrence_runtime_in(tx, identifier))

@@ -12,7 +12,8 @@ from typing import Any
 from scheduler.contract.constants import SCHEDULER_MIGRATION_DOMAINS, SCHEDULER_MIGRATION_STATES
 from scheduler.contract.digests import scheduler_migration_scope_digest, scheduler_migration_source_digest
 from scheduler.contract.errors import invalid_argument
-from scheduler.contract.scalars import MISSING, is_safe_int, normalize_identifier, normalize_sha256_digest
+from scheduler.contract.scalars import MISSING, is_safe_int, normalize_sha256_digest
+from scheduler.contract.storable import normalize_key
 from scheduler.store.base import StoreBase
 from scheduler.store.migrations import journal
 from scheduler.store.migrations import queries as q
@@ -26,7 +27,7 @@ MAX_MIGRATION_LIST_LIMIT = 200
 
 
 def _migration_id(value: object) -> str:
-    return normalize_identifier(value, "migrationId")
+    return normalize_key(value, "migrationId")
 
 
 def _supplied_sources(sources: object) -> dict[str, str]:
@@ -37,7 +38,7 @@ def _supplied_sources(sources: object) -> dict[str, str]:
     for index, item in enumerate(sources):
         if not isinstance(item, Mapping):
             raise invalid_argument(f"sources[{index}] must be an object")
-        entry_id = normalize_identifier(item.get("entryId"), f"sources[{index}].entryId")
+        entry_id = normalize_key(item.get("entryId"), f"sources[{index}].entryId")
         if entry_id in supplied:
             raise invalid_argument("sources contains duplicate migration entries")
         supplied[entry_id] = scheduler_migration_source_digest(item.get("source", MISSING))
@@ -45,7 +46,7 @@ def _supplied_sources(sources: object) -> dict[str, str]:
 
 
 def _optional_token(value: object) -> str | None:
-    return None if value is None else normalize_identifier(value, "retirementToken")
+    return None if value is None else normalize_key(value, "retirementToken")
 
 
 def _list_limit(limit: object) -> int:
@@ -57,7 +58,7 @@ def _list_limit(limit: object) -> int:
 def _list_state(state: object) -> str | None:
     if state is None:
         return None
-    normalized = normalize_identifier(state, "state", 32)
+    normalized = normalize_key(state, "state", 32)
     if normalized not in SCHEDULER_MIGRATION_STATES:
         raise invalid_argument("state is not a scheduler migration state")
     return normalized
@@ -92,8 +93,8 @@ class DomainMigrationOperations(StoreBase):
     ) -> DomainMigrationEntry:
         """Record one retired source (``source`` is its retired form, a JSON value)."""
         identifier = _migration_id(migration_id)
-        entry = normalize_identifier(entry_id, "entryId")
-        token = normalize_identifier(retirement_token, "retirementToken")
+        entry = normalize_key(entry_id, "entryId")
+        token = normalize_key(retirement_token, "retirementToken")
         digest = scheduler_migration_source_digest(source)
         return self._write(lambda tx: journal.confirm_retired(tx, identifier, entry, token, digest))
 
@@ -123,7 +124,7 @@ class DomainMigrationOperations(StoreBase):
         if not callable(restore_source):
             raise invalid_argument("restoreSource must be a function")
         identifier = _migration_id(migration_id)
-        entry = normalize_identifier(entry_id, "entryId")
+        entry = normalize_key(entry_id, "entryId")
         token = _optional_token(retirement_token)
         return self._write(lambda tx: journal.restore_source(tx, identifier, entry, token, restore_source))
 
@@ -160,7 +161,7 @@ class DomainMigrationOperations(StoreBase):
         if not isinstance(domain, str) or domain not in SCHEDULER_MIGRATION_DOMAINS:
             raise invalid_argument("domain must be a supported scheduler migration domain")
         scope_digest = scheduler_migration_scope_digest(source_scope)
-        identifier = normalize_identifier(source_id, "sourceId")
+        identifier = normalize_key(source_id, "sourceId")
 
         def read(tx: Tx) -> DomainMigration | None:
             found = q.active_migration_id_by_source(tx, domain, scope_digest, identifier)
@@ -179,9 +180,9 @@ class DomainMigrationOperations(StoreBase):
     ) -> DomainMigrationEntry:
         """Bind a typed source locator to an entry, given its source digest and target as evidence."""
         identifier = _migration_id(migration_id)
-        entry = normalize_identifier(entry_id, "entryId")
+        entry = normalize_key(entry_id, "entryId")
         digest = normalize_sha256_digest(expected_source_digest, "expectedSourceDigest")
-        target = normalize_identifier(expected_target_job_id, "expectedTargetJobId")
+        target = normalize_key(expected_target_job_id, "expectedTargetJobId")
         return self._write(
             lambda tx: journal.bind_locator(tx, identifier, entry, source_locator, digest, target)
         )

@@ -17,8 +17,9 @@ from scheduler.contract.canonical import sha256_payload_digest
 from scheduler.contract.constants import SCHEDULER_MIGRATION_DOMAINS
 from scheduler.contract.digests import scheduler_migration_scope_digest, scheduler_migration_source_digest
 from scheduler.contract.errors import invalid_argument
-from scheduler.contract.jobs import normalize_job_definition, scheduler_job_definition_digest
-from scheduler.contract.scalars import MISSING, normalize_identifier, utf16_sorted
+from scheduler.contract.jobs import scheduler_job_definition_digest
+from scheduler.contract.scalars import MISSING, utf16_sorted
+from scheduler.contract.storable import normalize_key, normalize_stored_job
 from scheduler.store.migrations.locators import normalize_source_locator
 
 MIN_PLAN_ENTRIES: Final = 1
@@ -104,13 +105,13 @@ def normalize_domain_migration_entry(value: object, index: int) -> PlanEntry:
     domain = value.get("domain")
     if not isinstance(domain, str) or domain not in SCHEDULER_MIGRATION_DOMAINS:
         raise invalid_argument(f"entries[{index}].domain must be a supported scheduler migration domain")
-    source_id = normalize_identifier(value.get("sourceId"), f"entries[{index}].sourceId")
+    source_id = normalize_key(value.get("sourceId"), f"entries[{index}].sourceId")
     scope_digest = scheduler_migration_scope_digest(value.get("sourceScope", MISSING))
     locator = normalize_source_locator(
         value.get("sourceLocator"), domain, scope_digest, f"entries[{index}].sourceLocator"
     )
     source_digest = scheduler_migration_source_digest(value.get("source", MISSING))
-    target_job = normalize_job_definition(value.get("targetJob"))
+    target_job = normalize_stored_job(value.get("targetJob"))
     entry = PlanEntry(
         entry_id="",
         domain=domain,
