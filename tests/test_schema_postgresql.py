@@ -199,6 +199,15 @@ def test_steps_refuse_out_of_order_and_autocommit(pg_engine: Engine, pg_schema: 
         assert "READ COMMITTED" in caught.value.message
 
 
+def test_verification_in_autocommit_mode_keeps_the_session(pg_engine: Engine, pg_schema: str) -> None:
+    create(pg_engine, pg_schema)
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.exec_driver_sql("SET search_path TO public")
+        verify_schema(connection, schema=pg_schema)
+        assert schema_fingerprint(connection, schema=pg_schema) == SCHEMA_V6_PG_FINGERPRINT
+        assert connection.exec_driver_sql("SHOW search_path").scalar_one() == "public"
+
+
 def test_schema_argument_is_validated(pg_engine: Engine) -> None:
     with pg_engine.connect() as connection:
         for schema, exclusive in (("", True), ("pg_x", True), ("x" * 64, True), ("scheduler", False)):

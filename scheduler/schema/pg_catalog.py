@@ -35,7 +35,13 @@ from sqlalchemy import Connection, Integer, text
 
 from scheduler.schema import ddl
 from scheduler.schema.tables import metadata
-from scheduler.schema.target import SCHEMA_CORRUPT, SCHEMA_UNKNOWN, SchemaTarget, schema_error
+from scheduler.schema.target import (
+    SCHEMA_CORRUPT,
+    SCHEMA_UNKNOWN,
+    SchemaTarget,
+    driver_autocommit,
+    schema_error,
+)
 from scheduler.schema.versions import (
     check_version,
     columns_at,
@@ -135,13 +141,19 @@ def list_objects(connection: Connection, target: SchemaTarget) -> list[list[str]
 
 @contextmanager
 def _search_path(connection: Connection, quoted_schema: str) -> Iterator[None]:
-    """``search_path`` = the schema alone for the enclosed reads (transaction-local, restored)."""
+    """``search_path`` = the schema alone for the enclosed reads, then the previous value again.
+
+    Transaction-local inside a transaction; on a driver in autocommit mode (no transaction block
+    for ``SET LOCAL`` to last in) the session value, restored afterwards.
+    """
+    local = not driver_autocommit(connection)
     previous = connection.exec_driver_sql("SELECT current_setting('search_path')").scalar_one()
-    connection.execute(text("SELECT set_config('search_path', :path, true)"), {"path": quoted_schema})
+    statement = text("SELECT set_config('search_path', :path, :local)")
+    connection.execute(statement, {"path": quoted_schema, "local": local})
     try:
         yield
     finally:
-        connection.execute(text("SELECT set_config('search_path', :path, true)"), {"path": previous})
+        connection.execute(statement, {"path": previous, "local": local})
 
 
 def _default(expression: Any, identity: str, generated: str) -> str | None:

@@ -43,6 +43,11 @@ def schema_error(
     return error
 
 
+def driver_autocommit(connection: Connection) -> bool:
+    """Whether the DBAPI connection is in autocommit mode (psycopg: no transaction block)."""
+    return getattr(connection.connection.dbapi_connection, "autocommit", False) is True
+
+
 def quote_identifier(name: str) -> str:
     """``"name"`` with embedded double quotes doubled (SQLite and PostgreSQL alike)."""
     return '"' + name.replace('"', '""') + '"'

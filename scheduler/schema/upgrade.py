@@ -42,7 +42,7 @@ from scheduler.schema.catalog import (
     verify_catalog,
     verify_schema,
 )
-from scheduler.schema.target import SCHEMA_UNKNOWN, SchemaTarget, resolve, schema_error
+from scheduler.schema.target import SCHEMA_UNKNOWN, SchemaTarget, driver_autocommit, resolve, schema_error
 
 _STATEMENT_END: Final = re.compile(r";[ \t]*(?:\n|$)")
 _CREATED_NAME: Final = re.compile(r"^(CREATE TABLE |CREATE INDEX |CREATE UNIQUE INDEX |ALTER TABLE )(\w+)")
@@ -152,7 +152,7 @@ def _require_transaction(connection: Connection, target: SchemaTarget) -> None:
     """Refuse to run DDL outside a real transaction (it would not be atomic)."""
     driver: Any = connection.connection.dbapi_connection
     if target.is_postgresql:
-        if connection.in_transaction() and getattr(driver, "autocommit", False) is False:
+        if connection.in_transaction() and not driver_autocommit(connection):
             return
         raise invalid_argument(
             "Scheduler schema upgrade must run inside an open transaction (not autocommit) on PostgreSQL"

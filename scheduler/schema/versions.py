@@ -15,7 +15,13 @@ from sqlalchemy.exc import DBAPIError
 from scheduler.contract.errors import invalid_argument
 from scheduler.schema import ddl
 from scheduler.schema.tables import ALL_TABLES, DIALECT, SINCE, metadata
-from scheduler.schema.target import SCHEMA_CORRUPT, SCHEMA_UNKNOWN, SchemaTarget, schema_error
+from scheduler.schema.target import (
+    SCHEMA_CORRUPT,
+    SCHEMA_UNKNOWN,
+    SchemaTarget,
+    driver_autocommit,
+    schema_error,
+)
 
 ColumnShape = tuple[str, str, int, int]
 """One ``PRAGMA table_info`` row as the seed compares it: (name, TYPE, notnull, pk)."""
@@ -140,12 +146,12 @@ def require_tables(actual: list[str], version: int) -> list[str]:
 def read_history(connection: Connection, target: SchemaTarget) -> list[dict[str, Any]]:
     """The ``migrations`` rows ordered by version; ``SCHEDULER_SCHEMA_CORRUPT`` if unreadable.
 
-    On PostgreSQL the read runs in a SAVEPOINT, so a failed read leaves the caller's transaction
-    usable (SQLite keeps its transaction after a failed statement).
+    On PostgreSQL (inside a transaction) the read runs in a SAVEPOINT, so a failed read leaves the
+    caller's transaction usable (SQLite keeps its transaction after a failed statement).
     """
     sql = _HISTORY_SQL.format(migrations=target.qualify("migrations"))
     try:
-        if target.is_postgresql:
+        if target.is_postgresql and not driver_autocommit(connection):
             with connection.begin_nested():
                 rows = connection.exec_driver_sql(sql).all()
         else:
