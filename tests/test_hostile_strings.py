@@ -445,6 +445,11 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
     "list_periodic_jobs": [key(lambda s, w, v: s.list_periodic_jobs(job_kinds=["agenda", v]), 128)],
     "latest_trigger_ticks": [key(lambda s, w, v: s.latest_trigger_ticks(v))],
     "get_occurrence_runtime": [key(lambda s, w, v: s.get_occurrence_runtime(v))],
+    "list_controllable_occurrences": [
+        closed(lambda s, w, v: s.list_controllable_occurrences(statuses=[v])),
+        key(lambda s, w, v: s.list_controllable_occurrences(job_kinds=["agenda", v]), 128),
+    ],
+    "prune": [closed(lambda s, w, v: s.prune(older_than_ms=0, dry_run=True, statuses=[v]))],
     "requeue_dead_letter": [
         key(lambda s, w, v: s.requeue_dead_letter(
             occurrence_id=v, expected_fence=1, expected_error_code="E", request_id="r")),
@@ -455,7 +460,9 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
     ],
 }
 # fmt: on
-NO_STRING_ARGUMENTS = frozenset({"close", "schema_info", "transaction", "on_connection"})
+NO_STRING_ARGUMENTS = frozenset(
+    {"close", "schema_info", "transaction", "on_connection", "stats", "queue_depth"}
+)
 
 
 def test_every_public_method_is_driven_with_hostile_text() -> None:

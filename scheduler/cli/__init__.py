@@ -1,7 +1,8 @@
 """The ``scheduler`` operator command line (Typer + rich).
 
 Read commands open the database read-only and never create or upgrade it; ``init``,
-``upgrade``, ``adjudication decide`` and ``demo`` write. Every read command takes ``--json``.
+``upgrade``, ``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and
+``prune`` write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
@@ -12,12 +13,12 @@ from typing import Annotated
 import typer
 
 from scheduler import bench
-from scheduler.cli import demo_cmd, operator, reads, schema_cmds
+from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
 from scheduler.cli.common import DbOption, configure_logging, set_root_db
 
 app = typer.Typer(
     name="scheduler",
-    help="Operate a scheduler database: create, upgrade, verify, inspect, adjudicate, demo.",
+    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, prune.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -46,6 +47,12 @@ app.add_typer(operator.adjudication_app, name="adjudication")
 app.add_typer(operator.migrations_app, name="migrations")
 app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
+app.command("worker")(worker_cmd.worker_command)
+app.command("requeue")(ops.requeue_command)
+app.command("pause")(ops.pause_command)
+app.command("resume")(ops.resume_command)
+app.command("prune")(ops.prune_command)
+app.command("stats")(ops.stats_command)
 bench.register(app)
 
 

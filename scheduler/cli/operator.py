@@ -23,7 +23,7 @@ from scheduler.cli.common import (
     read_store,
     write_store,
 )
-from scheduler.contract.constants import RUNTIME_CONTROL_JOB_KINDS, RUNTIME_CONTROL_OCCURRENCE_STATUSES
+from scheduler.contract.constants import RUNTIME_CONTROL_OCCURRENCE_STATUSES
 from scheduler.contract.digests import (
     scheduler_adjudication_operator_digest,
     scheduler_adjudication_reason_digest,
@@ -46,9 +46,6 @@ MigrationStateName = Literal[
     "prepared", "applied", "verified", "retiring", "retired", "rolling_back", "rolled_back"
 ]
 RuntimeStatusName = Literal["running", "pause_requested", "paused"]
-RuntimeKindName = Literal[
-    "agenda", "automation", "automation-event", "cowork-cron", "loop-iteration", "routine"
-]
 
 
 def cases_table(cases: Sequence[AdjudicationCase]) -> Table:
@@ -228,17 +225,15 @@ def controls_list(
     ] = None,
     kind: Annotated[
         list[str] | None,
-        typer.Option(
-            "--kind", help=f"Job kind to include, repeatable ({', '.join(RUNTIME_CONTROL_JOB_KINDS)})."
-        ),
+        typer.Option("--kind", help="Job kind to include, repeatable (default: every kind)."),
     ] = None,
     limit: StoreLimitOption = 50,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Running, pause-requested and paused occurrences of controllable job kinds."""
+    """Running, pause-requested and paused occurrences, of every job kind unless --kind is given."""
     statuses = tuple(status) if status else RUNTIME_CONTROL_OCCURRENCE_STATUSES
-    kinds = tuple(kind) if kind else RUNTIME_CONTROL_JOB_KINDS
+    kinds = tuple(kind) if kind else None
     with read_store(db) as store:
-        found = store.list_runtime_control_occurrences(statuses=statuses, job_kinds=kinds, limit=limit)
+        found = store.list_controllable_occurrences(statuses=statuses, job_kinds=kinds, limit=limit)
     emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: controls_table(found))

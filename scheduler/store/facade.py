@@ -17,9 +17,11 @@ from scheduler.store.jobs import JobOperations
 from scheduler.store.leases import LeaseOperations
 from scheduler.store.migrations import DomainMigrationOperations
 from scheduler.store.occurrences import OccurrenceOperations
+from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
 from scheduler.store.runtime_control import RuntimeControlOperations
 from scheduler.store.session import Clock, NestedRunner, OwnedRunner, Runner, Tx
+from scheduler.store.stats import StatsOperations
 from scheduler.store.worker_reads import WorkerReadOperations
 
 
@@ -47,6 +49,8 @@ class SchedulerStore(
     RuntimeControlOperations,
     DomainMigrationOperations,
     WorkerReadOperations,
+    StatsOperations,
+    PruneOperations,
 ):
     """A durable job scheduler store over one SQLAlchemy connection.
 

@@ -117,9 +117,11 @@ def _runtime_status() -> Any:
 
 
 def list_runtime_control_occurrences_in(
-    tx: Tx, statuses: list[str], job_kinds: list[str], limit: int
+    tx: Tx, statuses: list[str], job_kinds: list[str] | None, limit: int
 ) -> list[RuntimeControlOccurrence]:
-    """The narrow read model: no payload, authority, lease owner, checkpoint, result or error."""
+    """The narrow read model: no payload, authority, lease owner, checkpoint, result or error.
+
+    ``job_kinds=None``: every kind (``list_controllable_occurrences``)."""
     o, j, c = t.occurrences, t.jobs, t.occurrence_controls
     runtime_status = _runtime_status()
     controllable = or_(
@@ -150,10 +152,12 @@ def list_runtime_control_occurrences_in(
             c.c.updated_at.label("control_updated_at"),
         )
         .select_from(o.join(j, j.c.job_id == o.c.job_id).outerjoin(c, c.c.occurrence_id == o.c.occurrence_id))
-        .where(j.c.kind.in_(job_kinds), controllable, runtime_status.in_(statuses))
+        .where(controllable, runtime_status.in_(statuses))
         .order_by(o.c.updated_at.desc(), o.c.occurrence_id.asc())
         .limit(limit)
     )
+    if job_kinds is not None:
+        query = query.where(j.c.kind.in_(job_kinds))
     return [_map_runtime_control_occurrence(row) for row in tx.execute(query)]
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy import bindparam, select
 
 from scheduler.schema import tables as t
+from scheduler.store.fastpath import Prepared
 
 if TYPE_CHECKING:
     from scheduler.store.records import Occurrence
@@ -159,9 +160,7 @@ def observe_queue_depth(read_depth: Callable[[], Iterable[tuple[str, str, int]]]
 # --------------------------------------------------------------------------- state changes
 
 
-_JOB_KINDS: Final = select(t.jobs.c.job_id, t.jobs.c.kind).where(
-    t.jobs.c.job_id.in_(bindparam("ids", expanding=True))
-)
+_JOB_KIND: Final = Prepared(select(t.jobs.c.kind).where(t.jobs.c.job_id == bindparam("job_id")))
 
 
 class StateChanges:
@@ -244,8 +243,10 @@ def collect(tx: Tx) -> StateChanges:
         return _NOTHING
     kinds: dict[str, str] = {}
     try:
-        ids = list(dict.fromkeys(row["job_id"] for row in rows))
-        kinds = {row.job_id: row.kind for row in tx.execute(_JOB_KINDS, {"ids": ids})}
+        for job_id in dict.fromkeys(row["job_id"] for row in rows):  # usually one job per transaction
+            found = tx.first(_JOB_KIND, {"job_id": job_id})
+            if found is not None:
+                kinds[job_id] = found.kind
     except Exception:  # a failed lookup only loses the kind field
         logging.getLogger("scheduler.metrics").debug("job kind lookup failed", exc_info=True)
     return StateChanges(list(rows), kinds, metrics)

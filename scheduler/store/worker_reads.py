@@ -15,14 +15,20 @@ from typing import Any, Final
 
 from sqlalchemy import bindparam, func, select
 
+from scheduler.contract.constants import RUNTIME_CONTROL_OCCURRENCE_STATUSES
 from scheduler.contract.errors import invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import json_text_field
-from scheduler.store.records import Job, OccurrenceControl, Record
+from scheduler.store.records import Job, OccurrenceControl, Record, RuntimeControlOccurrence
 from scheduler.store.rows import map_job
-from scheduler.store.runtime_reads import map_occurrence_control
+from scheduler.store.runtime_reads import (
+    list_runtime_control_occurrences_in,
+    map_occurrence_control,
+    normalize_runtime_control_enumeration,
+    normalize_runtime_control_limit,
+)
 from scheduler.store.session import Tx
 
 PERIODIC_TRIGGER_TYPES: Final = ("cron", "interval", "once")
@@ -128,6 +134,27 @@ class WorkerReadOperations(StoreBase):
         the one with the largest ``scheduled_for`` among its newest 1,000 occurrences."""
         identifier = normalize_key(job_id, "jobId")
         return self._read(lambda tx: latest_ticks_in(tx, identifier))
+
+    def list_controllable_occurrences(
+        self,
+        *,
+        statuses: Sequence[str] = RUNTIME_CONTROL_OCCURRENCE_STATUSES,
+        job_kinds: Sequence[str] | None = None,
+        limit: int = 50,
+    ) -> list[RuntimeControlOccurrence]:
+        """``list_runtime_control_occurrences`` for any job kind: the original accepts only its six
+        product kinds; a worker may run pausable handlers of any kind. ``job_kinds=None`` = every
+        kind; otherwise identifiers. Same read model, order and ``limit`` bound (1..200)."""
+        selected = normalize_runtime_control_enumeration(
+            statuses, RUNTIME_CONTROL_OCCURRENCE_STATUSES, "statuses"
+        )
+        kinds = None
+        if job_kinds is not None:
+            if isinstance(job_kinds, str) or not isinstance(job_kinds, (list, tuple)) or not job_kinds:
+                raise invalid_argument("jobKinds must be a non-empty array")
+            kinds = sorted({normalize_key(kind, "jobKinds[]", 128) for kind in job_kinds})
+        bounded = normalize_runtime_control_limit(limit)
+        return self._read(lambda tx: list_runtime_control_occurrences_in(tx, selected, kinds, bounded))
 
     def get_occurrence_runtime(self, occurrence_id: str) -> OccurrenceRuntime | None:
         """The occurrence's current job kind and runtime control (one read), or ``None`` if absent."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.scalars import normalize_identifier
+from scheduler.contract.storable import normalize_key
 from scheduler.store.records import Occurrence
 from scheduler.store.telemetry import record_claim_latency
 from scheduler.worker.context import HandlerContext
@@ -73,7 +73,7 @@ def _normalize_handlers(handlers: Any) -> dict[str, Handler]:
     for kind, handler in handlers.items():
         if not callable(handler):
             raise invalid_argument(f"handler for {kind!r} is not callable")
-        normalized[normalize_identifier(kind, "jobKind", 128)] = handler
+        normalized[normalize_key(kind, "jobKind", 128)] = handler
     return normalized
 
 
@@ -129,7 +129,7 @@ class Worker:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise invalid_argument("retry must be a RetryPolicy")
         self.retry = retry or RetryPolicy()
-        self.owner_id = normalize_identifier(owner_id or default_owner_id(), "ownerId")
+        self.owner_id = normalize_key(owner_id or default_owner_id(), "ownerId")
         self.kinds = self._select_kinds(kinds)
         self.shutdown_grace_ms = self._non_negative(shutdown_grace_ms, "shutdown_grace_ms")
         self._poll = (
@@ -169,7 +169,7 @@ class Worker:
             return sorted(self.handlers)
         if isinstance(kinds, str) or not isinstance(kinds, (list, tuple)) or not kinds:
             raise invalid_argument("kinds must be a non-empty list of handled job kinds")
-        selected = list(dict.fromkeys(normalize_identifier(kind, "jobKind", 128) for kind in kinds))
+        selected = list(dict.fromkeys(normalize_key(kind, "jobKind", 128) for kind in kinds))
         unknown = [kind for kind in selected if kind not in self.handlers]
         if unknown:
             raise invalid_argument("kinds without a handler", {"kinds": unknown})
@@ -300,8 +300,6 @@ class Worker:
             elif not _transient(error):
                 log.warning("claim failed: %s: %s", error.code, error.message)
             return None
-        if occurrence is not None:
-            record_claim_latency(occurrence)
         return occurrence
 
     def _claim_next(self) -> Occurrence | None:
@@ -345,6 +343,7 @@ class Worker:
         runtime = self._with_retries(lambda: self.store.get_occurrence_runtime(occurrence.id), lease)
         if runtime is None:
             return None
+        record_claim_latency(occurrence, runtime.job_kind)
         handler = self.handlers.get(runtime.job_kind)
         if handler is None:  # the job's kind changed after the claim
             error = PermanentError(f"no handler for job kind {runtime.job_kind!r}", code="HANDLER_NOT_FOUND")
@@ -407,8 +406,6 @@ class Worker:
         if claim_next and settle_and_claim is not None and self._kind_sequences:
             cycle = settle_and_claim(**arguments, lease_ms=self.lease_ms, job_kind=self._claim_kinds())
             claimed: Occurrence | None = cycle.claimed
-            if claimed is not None:
-                record_claim_latency(claimed)
             return claimed
         self.store.settle(**arguments)
         return self._claim() if claim_next else None

@@ -1,0 +1,267 @@
+"""``requeue``, ``pause``, ``resume``, ``prune`` and ``stats``: the operator's hands on running work.
+
+Write commands default the compare-and-set evidence (fence, error code, control revision) to what
+the occurrence shows now and derive their request id from it, so repeating a command is idempotent
+(the store answers ``deduplicated``) and a command never acts on a state the operator did not see
+when it ran.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final
+
+import typer
+
+from scheduler.cli.common import (
+    CliFailure,
+    DbOption,
+    JsonOption,
+    command,
+    console,
+    emit_json,
+    fmt_ms,
+    new_table,
+    not_found,
+    read_store,
+    write_store,
+)
+from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
+from scheduler.store.facade import SchedulerStore
+from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PruneResult
+from scheduler.store.records import Occurrence
+from scheduler.store.stats import StoreStats
+
+EXIT_USAGE: Final = 2
+_UNITS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION: Final = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+
+
+def parse_duration_ms(text: str) -> int:
+    """``30d``, ``12h``, ``1h30m``, ``500ms`` … as milliseconds (usage error otherwise)."""
+    compact = text.strip().replace(" ", "")
+    parts = _DURATION.findall(compact)
+    if not compact or "".join(number + unit for number, unit in parts) != compact:
+        raise CliFailure(
+            f"not a duration: {text!r} (use e.g. 30d, 12h, 1h30m, 500ms)",
+            exit_code=EXIT_USAGE,
+            code="CLI_USAGE",
+        )
+    return sum(int(number) * _UNITS[unit] for number, unit in parts)
+
+
+def _occurrence(store: SchedulerStore, occurrence_id: str) -> Occurrence:
+    occurrence = store.get_occurrence(occurrence_id)
+    if occurrence is None:
+        raise not_found("occurrence", occurrence_id)
+    return occurrence
+
+
+def _print_occurrence(occurrence: Occurrence, note: str) -> None:
+    table = new_table("occurrence", "job", "status", "attempt", "fence", "available", title=note)
+    table.add_row(
+        occurrence.id,
+        occurrence.job_id,
+        occurrence.status,
+        f"{occurrence.attempt}/{occurrence.max_attempts}",
+        str(occurrence.fence),
+        fmt_ms(occurrence.available_at),
+    )
+    console().print(table)
+
+
+FenceOption = Annotated[
+    int | None, typer.Option("--fence", help="Expected fence (default: the occurrence's current fence).")
+]
+RequestOption = Annotated[
+    str | None, typer.Option("--request-id", help="Idempotency key (default: derived from the evidence).")
+]
+
+
+@command
+def requeue_command(
+    occurrence_id: str,
+    fence: FenceOption = None,
+    error_code: Annotated[
+        str | None, typer.Option("--error-code", help="Expected last error code (default: the current one).")
+    ] = None,
+    request_id: RequestOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send a dead letter back to retry_wait; its next claim does not consume an attempt."""
+    with write_store(db) as store:
+        current = _occurrence(store, occurrence_id)
+        code = error_code
+        if code is None:
+            code = current.last_error.get("code") if isinstance(current.last_error, dict) else None
+            if not isinstance(code, str):
+                raise CliFailure("the occurrence has no error code; pass --error-code", code="CLI_USAGE")
+        expected_fence = current.fence if fence is None else fence
+        request = request_id or f"requeue:{current.id}:{expected_fence}"
+        result = store.requeue_dead_letter(
+            occurrence_id=occurrence_id,
+            expected_fence=expected_fence,
+            expected_error_code=code,
+            request_id=request,
+        )
+    if as_json:
+        emit_json(
+            {
+                "occurrence": result.occurrence.to_dict(),
+                "requestId": result.request_id,
+                "deduplicated": result.deduplicated,
+            }
+        )
+    else:
+        _print_occurrence(result.occurrence, "requeued" + (" (already)" if result.deduplicated else ""))
+
+
+@command
+def pause_command(
+    occurrence_id: str,
+    fence: FenceOption = None,
+    safe_point: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--safe-point", help="Safe points the handler may pause at, repeatable (default: both)."
+        ),
+    ] = None,
+    request_id: RequestOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Ask the worker running an occurrence to pause at its next safe point (ctx.checkpoint)."""
+    points = list(safe_point) if safe_point else [SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE]
+    capability = {"pauseResume": "checkpoint_v1", "safePoints": points}
+    with write_store(db) as store:
+        current = _occurrence(store, occurrence_id)
+        expected_fence = current.fence if fence is None else fence
+        request = request_id or f"pause:{current.id}:{expected_fence}"
+        control = store.request_occurrence_pause(
+            occurrence_id=occurrence_id,
+            expected_fence=expected_fence,
+            request_id=request,
+            capability=capability,
+        )
+    if as_json:
+        emit_json({"control": control.to_dict()})
+    else:
+        console().print(
+            f"pause requested: {control.occurrence_id} (state {control.state}, revision {control.revision})",
+            markup=False,
+        )
+
+
+@command
+def resume_command(
+    occurrence_id: str,
+    revision: Annotated[
+        int | None, typer.Option("--revision", help="Expected control revision (default: the current one).")
+    ] = None,
+    request_id: RequestOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a paused occurrence claimable again; the resumed run gets its checkpoint."""
+    with write_store(db) as store:
+        control = store.get_occurrence_control(occurrence_id)
+        if control is None:
+            raise not_found("runtime control of occurrence", occurrence_id)
+        expected = control.revision if revision is None else revision
+        request = request_id or f"resume:{control.occurrence_id}:{expected}"
+        result = store.resume_occurrence(
+            occurrence_id=occurrence_id, expected_revision=expected, request_id=request
+        )
+    if as_json:
+        emit_json({"control": result.control.to_dict(), "occurrence": result.occurrence.to_dict()})
+    else:
+        _print_occurrence(result.occurrence, f"resumed (control revision {result.control.revision})")
+
+
+@command
+def prune_command(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Prune what was settled longer ago than this (30d, 12h, …).")
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would be deleted; write nothing.")
+    ] = False,
+    batch_size: Annotated[
+        int,
+        typer.Option("--batch-size", min=1, max=MAX_PRUNE_BATCH, help="Occurrences per transaction."),
+    ] = DEFAULT_PRUNE_BATCH,
+    status: Annotated[
+        list[str] | None,
+        typer.Option("--status", help="Terminal status to prune, repeatable (default: both)."),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete old terminal occurrences with their events and child rows, in bounded transactions.
+
+    Kept: anything an adjudication, runtime control, requeue request, open budget window, or a
+    rollback-able domain migration still needs, and each job's last fired periodic tick.
+    """
+    age = parse_duration_ms(older_than)
+    statuses = tuple(status) if status else ("succeeded", "dead_letter")
+    with write_store(db) as store:
+        result = store.prune(older_than_ms=age, batch_size=batch_size, dry_run=dry_run, statuses=statuses)
+    if as_json:
+        emit_json({"prune": result.to_dict()})
+    else:
+        _print_prune(result)
+
+
+def _print_prune(result: PruneResult) -> None:
+    verb = "would delete" if result.dry_run else "deleted"
+    table = new_table("rows", verb, title=f"prune: settled before {fmt_ms(result.cutoff)}")
+    for name in ("occurrences", "events", "reservations", "adjudications", "controls", "requeue_requests"):
+        table.add_row(name.replace("_", " "), str(getattr(result, name)))
+    console().print(table)
+
+
+@command
+def stats_command(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Queue depth by kind and status, oldest due age, leases, dead letters, adjudications (read-only)."""
+    with read_store(db) as store:
+        stats = store.stats()
+    if as_json:
+        emit_json({"stats": stats.to_dict()})
+    else:
+        _print_stats(stats)
+
+
+def _age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    seconds = ms / 1000
+    return (
+        f"{seconds:.1f} s"
+        if seconds < 120
+        else f"{seconds / 60:.1f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+def _print_stats(stats: StoreStats) -> None:
+    out = console()
+    summary = new_table("figure", "value", title=f"scheduler stats at {fmt_ms(stats.now)}")
+    rows: list[tuple[str, Any]] = [
+        *((f"occurrences {status}", count) for status, count in stats.statuses.items()),
+        ("oldest due", f"{fmt_ms(stats.oldest_due_at)} ({_age(stats.oldest_due_age_ms)})"),
+        ("running", stats.running),
+        ("expired leases", stats.expired_leases),
+        ("dead letters", stats.dead_letters),
+        ("paused", stats.paused),
+        ("adjudications awaiting a decision", stats.adjudications_awaiting_decision),
+        ("adjudications pending retry", stats.adjudications_pending),
+    ]
+    for name, value in rows:
+        summary.add_row(name, str(value))
+    out.print(summary)
+    depth = new_table("kind", "status", "count", title="queue depth by kind")
+    for row in stats.depth:
+        depth.add_row(row.kind, row.status, str(row.count))
+    out.print(depth)
