@@ -32,7 +32,7 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.catalog import list_user_tables, read_pragma_int
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.store import SchedulerStore, default_database_path, open_store
-from scheduler.store.failures import CONTENTION_CODES, find_storage_failure_code
+from scheduler.store.failures import find_contention_code, find_storage_failure_code, storage_unavailable
 from scheduler.store.records import Record
 
 log = logging.getLogger("scheduler.cli")
@@ -148,9 +148,7 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(EXIT_USAGE if usage else EXIT_FAILURE) from error
         except DBAPIError as error:
             log.debug("database error", exc_info=True)
-            storage_code = find_storage_failure_code(error) or find_storage_failure_code(
-                error, CONTENTION_CODES
-            )
+            storage_code = find_storage_failure_code(error) or find_contention_code(error)
             code = "SCHEDULER_STORAGE_UNAVAILABLE" if storage_code else "CLI_DATABASE_ERROR"
             details = {"storageCode": storage_code} if storage_code else None
             _report_error(code, f"database error: {error.orig}", details, as_json)
@@ -204,13 +202,14 @@ def existing_file(target: str) -> Path:
 # ----------------------------------------------------------------- read-only access
 
 
-def readonly_engine(path: Path) -> Engine:
+def readonly_engine(path: Path, *, immutable: bool = False) -> Engine:
     """An engine whose connections open ``file:PATH?mode=ro``: SQLite refuses every write.
 
     A reader of a WAL database may create the ``-wal``/``-shm`` sidecars; they are created
-    owner-only. The database file itself is never written.
+    owner-only. The database file itself is never written. ``immutable`` adds ``immutable=1``
+    (no locks, no WAL): only for :func:`readonly_connection`'s read-only-media fallback.
     """
-    uri = f"file:{quote(str(path))}?mode=ro"
+    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
 
     def connect() -> sqlite3.Connection:
         previous = os.umask(0o077)
@@ -225,17 +224,98 @@ def readonly_engine(path: Path) -> Engine:
     return create_engine("sqlite+pysqlite://", creator=connect, poolclass=NullPool)
 
 
+_UNSHARED_SIDECARS = ("-wal", "-journal")
+"""Sidecars that may hold committed data the main file does not (yet) have."""
+
+
+def _file_state(path: Path) -> tuple[object, ...]:
+    info = os.stat(path)
+    sidecars = tuple(os.path.lexists(f"{path}{suffix}") for suffix in _UNSHARED_SIDECARS)
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, *sidecars)
+
+
+def _needs_immutable_read(path: Path) -> bool:
+    """Whether only an ``immutable=1`` read can read this file, and such a read is correct.
+
+    True when the directory cannot be written (read-only media, or a directory this user may
+    not write), so SQLite cannot create the ``-shm`` a WAL database needs and ``mode=ro`` fails
+    with ``SQLITE_CANTOPEN``/``SQLITE_READONLY``, and no ``-wal``/``-journal`` lies beside the
+    file, so the main file holds every committed write. With such a sidecar present the read is
+    refused (``SCHEDULER_STORAGE_UNAVAILABLE``): ``immutable`` would ignore committed data.
+    """
+    if os.access(path.parent, os.W_OK):
+        return False
+    probe = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+    try:
+        probe.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        return False
+    except sqlite3.Error as error:
+        name = str(getattr(error, "sqlite_errorname", ""))
+        if not name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")):
+            return False  # not a read-only-media problem: the command reports it
+        if any(os.path.lexists(f"{path}{suffix}") for suffix in _UNSHARED_SIDECARS):
+            raise _sidecar_on_readonly_media(path, find_storage_failure_code(error) or name) from error
+        return True
+    finally:
+        probe.close()
+
+
+def _sidecar_on_readonly_media(path: Path, storage_code: str) -> SchedulerKernelError:
+    error = storage_unavailable(phase="open", storage_code=storage_code, commit_state="not_committed")
+    error.message = (
+        f"{path} cannot be read here: its directory is not writable and a -wal/-journal beside it "
+        "may hold committed writes; copy the database with its sidecars to writable storage"
+    )
+    error.args = (error.message,)
+    return error
+
+
+def stored_journal_mode(path: Path, reported: str) -> str:
+    """The journal mode of the file: ``wal`` when its header says so (an ``immutable=1`` reader
+    reports ``delete`` for a WAL database), else what the connection ``reported``."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return reported
+    wal_format = len(header) == 20 and header[18] == 2 and header[19] == 2
+    return "wal" if wal_format else reported
+
+
+def _changed_while_read(path: Path) -> SchedulerKernelError:
+    error = storage_unavailable(
+        phase="read", storage_code="SQLITE_BUSY", commit_state="not_committed", retryable=True
+    )
+    error.message = (
+        f"{path} changed while it was read without locks (read-only directory): the output above "
+        "may be inconsistent; run the command again"
+    )
+    error.args = (error.message,)
+    return error
+
+
 @contextmanager
 def readonly_connection(target: str) -> Iterator[tuple[Path, Connection]]:
-    """A read-only connection inside one deferred read transaction (one consistent snapshot)."""
+    """A read-only connection inside one deferred read transaction (one consistent snapshot).
+
+    On read-only media (a directory SQLite cannot create the ``-shm`` in) a WAL database cannot
+    be opened with ``mode=ro``; when no ``-wal``/``-journal`` is beside it the main file is read
+    with ``immutable=1`` instead, and afterwards the command fails (exit 1,
+    ``SCHEDULER_STORAGE_UNAVAILABLE``, retryable) if the file or its sidecars changed meanwhile
+    (a writer elsewhere, which ``immutable`` would not have seen).
+    """
     path = existing_file(target)
-    engine = readonly_engine(path)
+    immutable = _needs_immutable_read(path)
+    before = _file_state(path) if immutable else None
+    engine = readonly_engine(path, immutable=immutable)
     try:
         with engine.connect() as connection, connection.begin():
             connection.exec_driver_sql("BEGIN")
             yield path, connection
     finally:
         engine.dispose()
+    if before is not None and _file_state(path) != before:
+        raise _changed_while_read(path)
 
 
 def require_current_schema(connection: Connection, path: Path) -> None:

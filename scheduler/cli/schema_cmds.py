@@ -23,6 +23,7 @@ from scheduler.cli.common import (
     new_table,
     readonly_connection,
     resolve_target,
+    stored_journal_mode,
 )
 from scheduler.cli.verification import Verification, verify_database
 from scheduler.schema import catalog, ddl
@@ -173,7 +174,7 @@ def _info(path: Path) -> dict[str, Any]:
         return {
             "database": str(path),
             "files": queries.file_sizes(path),
-            "journalMode": queries.pragma_text(connection, "journal_mode"),
+            "journalMode": stored_journal_mode(path, queries.pragma_text(connection, "journal_mode")),
             "versions": {
                 "package": scheduler.__version__,
                 "sqlite": sqlite3.sqlite_version,

@@ -46,6 +46,7 @@ def open_pragmas() -> tuple[str, ...]:
 
 
 FILE_PRAGMAS = ("PRAGMA journal_mode = WAL",)
+JOURNAL_MODE = "PRAGMA journal_mode"
 DURABILITY_PRAGMAS = ("PRAGMA synchronous = FULL",)
 BEGIN_WRITE = "BEGIN IMMEDIATE"
 BEGIN_READ = "BEGIN"

@@ -1,4 +1,14 @@
-"""Classification of low-level storage failures (seed: findStorageFailureCode)."""
+"""Classification of low-level storage failures (seed: findStorageFailureCode).
+
+A storage code anywhere in an error's cause chain (an ``OSError`` errno, a SQLite result code
+name from ``sqlite_errorname``) becomes ``SCHEDULER_STORAGE_UNAVAILABLE`` with
+``{phase, storageCode, commitState, retryable}``. The SQLite result codes live here (and in
+``dialect.py``), so the capability modules stay dialect-free.
+
+``retryable`` (API §8) is ``True`` only for contention (``SQLITE_BUSY``/``SQLITE_LOCKED``) when
+nothing can have been committed and the store owns the transaction; never for a SQLite busy
+snapshot, which cannot succeed until the enclosing transaction is restarted.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +18,32 @@ from typing import Literal
 from scheduler.contract.errors import SchedulerKernelError
 
 STORAGE_UNAVAILABLE = "SCHEDULER_STORAGE_UNAVAILABLE"
-STORAGE_FAILURE_CODES = ("ENOSPC", "EROFS", "EIO", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY")
+STORAGE_FAILURE_CODES = (
+    # the original's codes (seed: STORAGE_FAILURE_CODES)
+    "ENOSPC",
+    "EROFS",
+    "EIO",
+    "SQLITE_FULL",
+    "SQLITE_IOERR",
+    "SQLITE_READONLY",
+    # beyond the original: media that cannot be opened, written or locked
+    "EACCES",
+    "EPERM",
+    "EDQUOT",
+    "SQLITE_CANTOPEN",
+    "SQLITE_PERM",
+    "SQLITE_NOMEM",
+    "SQLITE_NOLFS",
+    "SQLITE_PROTOCOL",
+)
 # Lock contention is not a broken disk, but it is a storage condition the caller can retry.
 CONTENTION_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED")
+# A write inside a deferred transaction whose snapshot is older than another connection's
+# commit: SQLite refuses it for as long as that transaction lasts (extended result code 517).
+BUSY_SNAPSHOT = "SQLITE_BUSY_SNAPSHOT"
+# Extended result codes reported as they are (others are folded into their primary code, as
+# the original does), because they change what the caller must do.
+_KEPT_EXTENDED_CODES = (BUSY_SNAPSHOT,)
 
 CommitState = Literal["not_committed", "unknown"]
 
@@ -58,11 +91,54 @@ def find_storage_failure_code(
     return None
 
 
+def find_contention_code(error: BaseException) -> str | None:
+    """``SQLITE_BUSY``/``SQLITE_LOCKED`` (or ``SQLITE_BUSY_SNAPSHOT``) anywhere in the chain."""
+    for current in _chain(error):
+        for value in _own_codes(current):
+            if isinstance(value, str) and value.strip().upper() in _KEPT_EXTENDED_CODES:
+                return value.strip().upper()
+            code = _normalized(value, CONTENTION_CODES)
+            if code:
+                return code
+    return None
+
+
 def storage_unavailable(
     *, phase: str, storage_code: str, commit_state: CommitState, retryable: bool = False
 ) -> SchedulerKernelError:
+    message = "Scheduler storage is unavailable"
+    if storage_code == BUSY_SNAPSHOT:
+        message += (
+            " (SQLITE_BUSY_SNAPSHOT: another connection committed after the enclosing transaction"
+            " first read; roll that transaction back and restart it to retry)"
+        )
     return SchedulerKernelError(
         STORAGE_UNAVAILABLE,
-        "Scheduler storage is unavailable",
+        message,
         {"phase": phase, "storageCode": storage_code, "commitState": commit_state, "retryable": retryable},
     )
+
+
+def classify_storage_failure(
+    error: BaseException,
+    *,
+    phase: str,
+    commit_state: CommitState,
+    contention_state: CommitState | None = None,
+    owns_transaction: bool = True,
+) -> SchedulerKernelError | None:
+    """``SCHEDULER_STORAGE_UNAVAILABLE`` for a storage failure or contention; ``None`` otherwise.
+
+    ``commit_state`` is what is known of the transaction; ``contention_state`` may prove more
+    for lock contention (a busy statement or COMMIT changed nothing). Contention is retryable
+    only when nothing was committed and ``owns_transaction`` (API §8).
+    """
+    storage_code = find_storage_failure_code(error)
+    if storage_code:
+        return storage_unavailable(phase=phase, storage_code=storage_code, commit_state=commit_state)
+    contention = find_contention_code(error)
+    if contention is None:
+        return None
+    state = contention_state or commit_state
+    retryable = owns_transaction and state == "not_committed" and contention != BUSY_SNAPSHOT
+    return storage_unavailable(phase=phase, storage_code=contention, commit_state=state, retryable=retryable)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -59,6 +60,20 @@ def secure_existing_files(target: Path) -> None:
     for candidate in storage_files(target):
         if os.path.lexists(candidate):
             ensure_private_file(candidate)
+
+
+def check_writable(target: Path) -> None:
+    """Raise ``OSError`` (``EROFS`` on a read-only mount, else ``EACCES``) if an existing database
+    file cannot be written by this process.
+
+    SQLite would silently open such a file read-only and fail only at the first write. (Checked
+    with ``access()``, never by opening the file: closing a descriptor would drop this process's
+    POSIX locks on it, which other connections of the process may hold.)
+    """
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        read_only_mount = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+        code = errno.EROFS if read_only_mount else errno.EACCES
+        raise OSError(code, os.strerror(code), str(target))
 
 
 def create_private_file(target: Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,9 @@ from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files
-from scheduler.store.dialect import DURABILITY_PRAGMAS, FILE_PRAGMAS, open_pragmas
+from scheduler.store.dialect import DURABILITY_PRAGMAS, FILE_PRAGMAS, JOURNAL_MODE, open_pragmas
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.failures import find_storage_failure_code, storage_unavailable
+from scheduler.store.failures import classify_storage_failure
 from scheduler.store.session import Clock, OwnedRunner, begin_sqlite_transaction
 
 MEMORY = ":memory:"
@@ -115,24 +117,81 @@ def _pragma(conn: Connection, sql: str) -> None:
     dbapi_connection.execute(sql).close()
 
 
-def _initialize_or_upgrade(conn: Connection, now: int) -> None:
+def _pragma_value(conn: Connection, sql: str) -> Any:
+    dbapi_connection: Any = conn.connection.dbapi_connection
+    cursor = dbapi_connection.execute(sql)
+    try:
+        return cursor.fetchone()[0]
+    finally:
+        cursor.close()
+
+
+@dataclass
+class _OpenProgress:
+    """What an ``open_store`` has written so far, for a truthful ``commitState`` on failure."""
+
+    committing: bool = False  # a COMMIT (or journal mode switch) is running: outcome unknown
+    committed: bool = False  # something was committed (an upgrade, the WAL switch)
+
+    @contextmanager
+    def commit(self) -> Iterator[None]:
+        self.committing = True
+        yield
+        self.committing = False
+        self.committed = True
+
+    def failure(self, cause: BaseException) -> SchedulerKernelError | None:
+        """``SCHEDULER_STORAGE_UNAVAILABLE`` (phase ``open``) for a storage failure or contention.
+
+        Lock contention (``SQLITE_BUSY``, even at COMMIT) changes nothing, so it is retryable
+        unless an earlier write of this open was committed.
+        """
+        written = self.committed or self.committing
+        return classify_storage_failure(
+            cause,
+            phase="open",
+            commit_state="unknown" if written else "not_committed",
+            contention_state="unknown" if self.committed else "not_committed",
+        )
+
+
+def _initialize_or_upgrade(conn: Connection, now: int, progress: _OpenProgress) -> None:
     """Create an empty database or upgrade v1..v5 to v6 in ONE ``BEGIN IMMEDIATE`` transaction."""
     version = inspect_database(conn)  # runs quick_check
     conn.commit()
     if version == SCHEDULER_STORE_SCHEMA_VERSION:
         verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION)  # quick_check just passed
     else:
-        with conn.begin():
+        transaction = conn.begin()
+        try:
             begin_sqlite_transaction(conn)
             # Re-inspect under the write lock: another process may have upgraded meanwhile.
             version = inspect_database(conn)
-            if version != SCHEDULER_STORE_SCHEMA_VERSION:
+            if version == SCHEDULER_STORE_SCHEMA_VERSION:
+                transaction.commit()
+            else:
                 apply_upgrade(conn, version, now)
+                with progress.commit():
+                    transaction.commit()
+        except BaseException:
+            with suppress(Exception):
+                transaction.rollback()
+            raise
         verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION)
     conn.commit()
 
 
-def _connect(engine: Engine, path: Path | None, timeout_ms: int, now: int) -> Connection:
+def _set_file_pragmas(conn: Connection, progress: _OpenProgress) -> None:
+    if str(_pragma_value(conn, JOURNAL_MODE)).lower() == "wal":
+        return
+    with progress.commit():  # switching to WAL rewrites the file header
+        for pragma in FILE_PRAGMAS:
+            _pragma(conn, pragma)
+
+
+def _connect(
+    engine: Engine, path: Path | None, timeout_ms: int, now: int, progress: _OpenProgress
+) -> Connection:
     """Check out the store's connection in driver-autocommit mode and bring the schema to v6.
 
     The previous driver isolation level is kept in ``conn.info`` and restored on close, so a
@@ -146,8 +205,10 @@ def _connect(engine: Engine, path: Path | None, timeout_ms: int, now: int) -> Co
         for pragma in open_pragmas():
             _pragma(conn, pragma)
         _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
-        _initialize_or_upgrade(conn, now)
-        for pragma in (FILE_PRAGMAS if path is not None else ()) + DURABILITY_PRAGMAS:
+        _initialize_or_upgrade(conn, now, progress)
+        if path is not None:
+            _set_file_pragmas(conn, progress)
+        for pragma in DURABILITY_PRAGMAS:
             _pragma(conn, pragma)
     except BaseException:
         _release(conn)
@@ -167,16 +228,27 @@ def _release(conn: Connection) -> None:
         conn.close()
 
 
-def _open_failure(cause: BaseException) -> SchedulerKernelError:
+def _open_failure(cause: BaseException, progress: _OpenProgress) -> SchedulerKernelError:
+    """The error ``open_store`` raises for ``cause``.
+
+    Storage failures and lock contention are ``SCHEDULER_STORAGE_UNAVAILABLE`` even when the
+    schema layer reported them as a check that "could not run" (a ``SCHEDULER_SCHEMA_*`` error
+    caused by a driver error): ``SCHEDULER_SCHEMA_CORRUPT`` is kept for a catalog that really
+    differs, or a file SQLite itself reports as damaged.
+    """
     if isinstance(cause, SchedulerKernelError):
+        driver_cause = cause.__cause__
+        if cause.code.startswith("SCHEDULER_SCHEMA_") and driver_cause is not None:
+            classified = progress.failure(driver_cause)
+            if classified is not None:
+                return classified
         return cause
-    storage_code = find_storage_failure_code(cause)
-    if storage_code:
-        return storage_unavailable(phase="open", storage_code=storage_code, commit_state="unknown")
-    error = SchedulerKernelError(
+    classified = progress.failure(cause)
+    if classified is not None:
+        return classified
+    return SchedulerKernelError(
         "SCHEDULER_SCHEMA_CORRUPT", "Scheduler database could not be opened or verified"
     )
-    return error
 
 
 def open_store(
@@ -194,20 +266,26 @@ def open_store(
     valid_clock, timeout_ms, valid_uuid = _validate_options(clock, busy_timeout_ms, uuid_factory)
     now = normalize_epoch_ms(valid_clock(), "clock result")
     url, path, given_engine = _resolve(target)
+    progress = _OpenProgress()
     try:
         if path is not None:
             files.ensure_private_directory(path.parent)
             files.secure_existing_files(path)
+            files.check_writable(path)
             files.create_private_file(path)
         engine = given_engine or _own_engine(str(url), path, timeout_ms)
-        conn = _connect(engine, path, timeout_ms, now)
+        conn = _connect(engine, path, timeout_ms, now, progress)
         if path is not None:
-            files.secure_existing_files(path)
+            try:
+                files.secure_existing_files(path)
+            except BaseException:
+                _release(conn)
+                raise
     except BaseException as cause:
-        failure = _open_failure(cause)
+        failure = _open_failure(cause, progress)
         if failure is cause:
             raise
-        raise failure from cause
+        raise failure from (cause.__cause__ if isinstance(cause, SchedulerKernelError) else cause)
 
     def close() -> None:
         _release(conn)

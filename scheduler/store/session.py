@@ -28,12 +28,7 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
 from scheduler.store.dialect import BEGIN_READ, BEGIN_WRITE
-from scheduler.store.failures import (
-    CONTENTION_CODES,
-    CommitState,
-    find_storage_failure_code,
-    storage_unavailable,
-)
+from scheduler.store.failures import classify_storage_failure, storage_unavailable
 from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.telemetry import StateChanges, collect, emit_all
 
@@ -172,30 +167,6 @@ def _dbapi_in_transaction(conn: Connection) -> bool | None:
         return None
 
 
-def _classify(
-    error: BaseException,
-    *,
-    phase: str,
-    commit_state: CommitState,
-    contention_state: CommitState | None = None,
-) -> SchedulerKernelError | None:
-    """Map a storage failure to ``SCHEDULER_STORAGE_UNAVAILABLE``; ``None`` if it is not one.
-
-    Lock contention (``SQLITE_BUSY``) is reported the same way but is retryable when nothing
-    was committed; ``contention_state`` may prove that even before the body started.
-    """
-    storage_code = find_storage_failure_code(error)
-    if storage_code:
-        return storage_unavailable(phase=phase, storage_code=storage_code, commit_state=commit_state)
-    contention = find_storage_failure_code(error, CONTENTION_CODES)
-    if contention:
-        state = contention_state or commit_state
-        return storage_unavailable(
-            phase=phase, storage_code=contention, commit_state=state, retryable=state == "not_committed"
-        )
-    return None
-
-
 class _Base:
     def __init__(
         self,
@@ -238,15 +209,14 @@ class OwnedRunner(_Base):
             return self._run(operation, BEGIN_READ, sample_clock=False)
 
     def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
-        state = "not_started"
+        returned = False
         transaction = self.conn.begin()
         try:
             fast = self._usable_fastpath()
             begin_sqlite_transaction(self.conn, begin, fast)
-            state = "running"
             tx = self._tx(sample_clock, fast)
             result = operation(tx)
-            state = "returned"
+            returned = True
             changes = collect(tx)
             transaction.commit()
             changes.emit()
@@ -255,13 +225,10 @@ class OwnedRunner(_Base):
             closed = self._rollback(transaction)
             if isinstance(error, SchedulerKernelError):
                 raise
-            # Once the body returned, COMMIT may have been applied: only a failure inside the
-            # body with the transaction provably closed is "not_committed" (seed: _write).
-            classified = _classify(
-                error,
-                phase="write",
-                commit_state="not_committed" if state == "running" and closed else "unknown",
-                contention_state="not_committed" if state != "returned" and closed else "unknown",
+            # Once the body returned, COMMIT may have been applied: only a failure before it,
+            # with the transaction provably closed, is "not_committed" (seed: _write).
+            classified = classify_storage_failure(
+                error, phase="write", commit_state="not_committed" if closed and not returned else "unknown"
             )
             if classified is None:
                 raise
@@ -281,8 +248,7 @@ class OwnedRunner(_Base):
     def outer_transaction(self) -> Iterator[NestedRunner]:
         """``BEGIN IMMEDIATE`` for a block of operations that commit or roll back together."""
         with self.lock:
-            transaction = self.conn.begin()
-            begin_sqlite_transaction(self.conn)
+            transaction = self._begin_block()
             inner = self._child()
             try:
                 yield inner
@@ -294,11 +260,27 @@ class OwnedRunner(_Base):
                 transaction.commit()
             except Exception as error:
                 self._rollback(transaction)
-                classified = _classify(error, phase="commit", commit_state="unknown")
+                classified = classify_storage_failure(
+                    error, phase="commit", commit_state="unknown", owns_transaction=False
+                )
                 if classified is None:
                     raise
                 raise classified from error
             emit_all(inner.sink or ())
+
+    def _begin_block(self) -> Any:
+        transaction = self.conn.begin()
+        try:
+            begin_sqlite_transaction(self.conn)
+        except Exception as error:  # e.g. SQLITE_BUSY: nothing ran yet, the block may be retried
+            closed = self._rollback(transaction)
+            classified = classify_storage_failure(
+                error, phase="write", commit_state="not_committed" if closed else "unknown"
+            )
+            if classified is None:
+                raise
+            raise classified from error
+        return transaction
 
 
 def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:
@@ -309,7 +291,11 @@ def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelE
 
 
 class NestedRunner(_Base):
-    """Runs each operation in a SAVEPOINT inside a transaction someone else owns."""
+    """Runs each operation in a SAVEPOINT inside a transaction someone else owns.
+
+    Storage failures here are never ``retryable``: the enclosing transaction is not the store's
+    to retry (API §8).
+    """
 
     def __init__(
         self,
@@ -338,8 +324,7 @@ class NestedRunner(_Base):
             if self._enclosing_rolled_back:
                 # Never silently start a new transaction in place of the one SQLite discarded.
                 raise _enclosing_rollback_error("write", "SQLITE_ABORT")
-            self._ensure_sqlite_transaction()
-            savepoint = self.conn.begin_nested()
+            savepoint = self._savepoint()
             try:
                 tx = self._tx(sample_clock, self._usable_fastpath())
                 result = operation(tx)
@@ -362,10 +347,11 @@ class NestedRunner(_Base):
                 # On SQLITE_FULL / IOERR SQLite may roll back the whole enclosing transaction
                 # itself: the savepoint is gone, but provably nothing of it was committed.
                 enclosing_gone = not rolled_back and _dbapi_in_transaction(self.conn) is False
-                classified = _classify(
+                classified = classify_storage_failure(
                     error,
                     phase="write",
                     commit_state="not_committed" if rolled_back or enclosing_gone else "unknown",
+                    owns_transaction=False,
                 )
                 if classified is None:
                     raise
@@ -386,8 +372,7 @@ class NestedRunner(_Base):
         with self.lock:
             if self._enclosing_rolled_back:
                 raise _enclosing_rollback_error("write", "SQLITE_ABORT")
-            self._ensure_sqlite_transaction()
-            savepoint = self.conn.begin_nested()
+            savepoint = self._savepoint()
             inner = self._child()
             try:
                 yield inner
@@ -403,6 +388,19 @@ class NestedRunner(_Base):
                 emit_all(inner.sink or ())
             else:
                 self.sink.extend(inner.sink or ())
+
+    def _savepoint(self) -> Any:
+        """A SAVEPOINT for one operation or block (beginning the caller's transaction if needed)."""
+        try:
+            self._ensure_sqlite_transaction()
+            return self.conn.begin_nested()
+        except Exception as error:  # e.g. SQLITE_BUSY: another connection holds the write lock
+            classified = classify_storage_failure(
+                error, phase="write", commit_state="not_committed", owns_transaction=False
+            )
+            if classified is None:
+                raise
+            raise classified from error
 
     def _ensure_sqlite_transaction(self) -> None:
         # pysqlite starts its implicit transaction lazily; a SAVEPOINT opened outside one would
