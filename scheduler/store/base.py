@@ -7,25 +7,22 @@ from typing import TypeVar
 
 from sqlalchemy import Connection
 
-from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.session import Clock, Runner, Tx
 
 T = TypeVar("T")
-
-STORE_CLOSED = "SCHEDULER_STORE_CLOSED"
 
 
 class StoreBase:
     """Shared plumbing. Capability mixins validate arguments first, then call ``_write``/``_read``.
 
     Argument validation happens before the closed check and before the clock is read, as in
-    the original.
+    the original. Whether a call may run (open, closed, re-entered) is the runner's
+    decision, taken under its lock (:mod:`scheduler.store.lifecycle`).
     """
 
     _runner: Runner
     _clock: Clock
     _uuid_factory: Callable[[], str]
-    _closed: bool
     _on_close: Callable[[], None] | None
 
     def _init_base(
@@ -38,21 +35,18 @@ class StoreBase:
         self._runner = runner
         self._clock = clock
         self._uuid_factory = uuid_factory
-        self._closed = False
         self._on_close = on_close
 
     def _assert_open(self) -> None:
-        if self._closed:
-            raise SchedulerKernelError(STORE_CLOSED, "Scheduler store is closed")
+        """Raise ``SCHEDULER_STORE_CLOSED`` / ``SCHEDULER_TRANSACTION_ACTIVE`` as a call would."""
+        self._runner.assert_usable()
 
     def _write(self, operation: Callable[[Tx], T]) -> T:
         """Run ``operation`` in one write transaction (clock sampled inside it)."""
-        self._assert_open()
         return self._runner.write(operation)
 
     def _read(self, operation: Callable[[Tx], T]) -> T:
         """Run ``operation`` in one read snapshot."""
-        self._assert_open()
         return self._runner.read(operation)
 
     @property
@@ -67,12 +61,14 @@ class StoreBase:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Whether calls are refused (closed, or a finished transaction view)."""
+        return self._runner.closed
 
     def close(self) -> None:
-        """Close the store; idempotent. Every later call raises ``SCHEDULER_STORE_CLOSED``."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._on_close is not None:
-            self._on_close()
+        """Close the store; idempotent. Every later call raises ``SCHEDULER_STORE_CLOSED``.
+
+        Safe from any thread: it waits for the call or ``transaction()`` block in flight, then
+        releases the connection the store owns. Inside one of its own calls or blocks (same
+        thread) it raises ``SCHEDULER_TRANSACTION_ACTIVE``.
+        """
+        self._runner.close(self._on_close)

@@ -97,10 +97,17 @@ class SchedulerStore(
     def transaction(self) -> Iterator[SchedulerStore]:
         """A store view whose calls all commit (on normal exit) or roll back together.
 
-        On a store from :meth:`on_connection` the block is a SAVEPOINT inside the caller's
-        transaction: an exception rolls the block back; the caller still owns the commit.
+        The block is one ``BEGIN IMMEDIATE`` transaction; it holds the store's lock, so other
+        threads calling this store wait until the block ends. On a store from
+        :meth:`on_connection` the block is a SAVEPOINT inside the caller's transaction: an
+        exception rolls the block back; the caller still owns the commit.
+
+        Errors: inside the block, calling (or closing) the outer store on the same thread raises
+        ``SCHEDULER_TRANSACTION_ACTIVE`` (call the view). After the block, the view refuses
+        every call with ``SCHEDULER_STORE_CLOSED`` (``details.reason == "transaction_finished"``)
+        and writes nothing. ``SCHEDULER_STORAGE_UNAVAILABLE`` from a call inside the block is
+        never ``retryable``: retry the whole block.
         """
-        self._assert_open()
         runner = self._runner
         if not isinstance(runner, (OwnedRunner, NestedRunner)):
             raise TypeError(f"unsupported runner {type(runner).__name__}")
@@ -123,7 +130,7 @@ class SchedulerStore(
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return f"<SchedulerStore {state}>"
 
 

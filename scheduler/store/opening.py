@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -26,6 +27,8 @@ from scheduler.store.dialect import DURABILITY_PRAGMAS, FILE_PRAGMAS, JOURNAL_MO
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.failures import classify_storage_failure
 from scheduler.store.session import Clock, OwnedRunner, begin_sqlite_transaction
+
+log = logging.getLogger("scheduler.store")
 
 MEMORY = ":memory:"
 _PRIOR_ISOLATION = "scheduler_prior_isolation_level"
@@ -216,16 +219,37 @@ def _connect(
     return conn
 
 
+def _end_transaction(conn: Connection) -> None:
+    if conn.in_transaction():
+        conn.rollback()
+    dbapi_connection: Any = conn.connection.dbapi_connection
+    if dbapi_connection is not None and dbapi_connection.in_transaction:
+        dbapi_connection.rollback()
+
+
+def _restore_isolation(conn: Connection) -> None:
+    dbapi_connection: Any = conn.connection.dbapi_connection
+    if dbapi_connection is not None and _PRIOR_ISOLATION in conn.info:
+        dbapi_connection.isolation_level = conn.info.pop(_PRIOR_ISOLATION)
+
+
 def _release(conn: Connection) -> None:
-    """Give the connection back with its original driver isolation level."""
+    """Give the connection back: transaction ended, original driver mode.
+
+    Never raises: a step that fails is logged and the connection is still closed (or, if even
+    that fails, invalidated so the pool never hands it out again).
+    """
+    for step in (_end_transaction, _restore_isolation):
+        try:
+            step(conn)
+        except Exception:
+            log.debug("closing the store: %s failed", step.__name__, exc_info=True)
     try:
-        if conn.in_transaction():
-            conn.rollback()
-        dbapi_connection: Any = conn.connection.dbapi_connection
-        if dbapi_connection is not None and _PRIOR_ISOLATION in conn.info:
-            dbapi_connection.isolation_level = conn.info.pop(_PRIOR_ISOLATION)
-    finally:
         conn.close()
+    except Exception:
+        log.debug("closing the store's connection failed", exc_info=True)
+        with suppress(Exception):
+            conn.invalidate()
 
 
 def _open_failure(cause: BaseException, progress: _OpenProgress) -> SchedulerKernelError:
@@ -290,7 +314,8 @@ def open_store(
     def close() -> None:
         _release(conn)
         if given_engine is None:
-            engine.dispose()
+            with suppress(Exception):
+                engine.dispose()
 
     runner = OwnedRunner(conn, valid_clock, valid_uuid)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)

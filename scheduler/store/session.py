@@ -27,6 +27,7 @@ from scheduler.contract.canonical import canonical_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
+from scheduler.store import lifecycle
 from scheduler.store.dialect import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, storage_unavailable
 from scheduler.store.fastpath import FastPath, Prepared
@@ -137,9 +138,16 @@ class Tx:
 class Runner(Protocol):
     conn: Connection
 
+    @property
+    def closed(self) -> bool: ...
+
     def write(self, operation: Callable[[Tx], T]) -> T: ...
 
     def read(self, operation: Callable[[Tx], T]) -> T: ...
+
+    def assert_usable(self) -> None: ...
+
+    def close(self, release: Callable[[], None] | None = None) -> None: ...
 
 
 def _sample_clock(clock: Clock) -> int:
@@ -168,18 +176,74 @@ def _dbapi_in_transaction(conn: Connection) -> bool | None:
 
 
 class _Base:
+    """A connection, clock and uuid factory, and when operations may use them.
+
+    Every call holds ``lock`` (a store shared by threads runs one call at a time; a
+    ``transaction()`` block holds it for the whole block) and is refused, before anything is
+    read or written, when the runner is closed or is already running a call or block on this
+    thread (see :mod:`scheduler.store.lifecycle`).
+    """
+
     def __init__(
         self,
         conn: Connection,
         clock: Clock,
         uuid_factory: Callable[[], str],
         fastpath: FastPath | None = None,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.conn = conn
         self.clock = clock
         self.uuid_factory = uuid_factory
-        self.lock = threading.RLock()
+        self.lock = lock or threading.RLock()
         self.fastpath = fastpath or FastPath.for_connection(conn)
+        self._closed: str | None = None  # why it is closed (lifecycle.store_closed)
+        self._busy = False  # a call or block of this runner is running (on the lock's thread)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _enter(self) -> None:
+        """Take the lock and mark this runner busy, or raise without touching the connection."""
+        self.lock.acquire()
+        if self._closed is not None or self._busy:
+            self.lock.release()
+            if self._closed is not None:
+                raise lifecycle.store_closed(self._closed)
+            raise lifecycle.transaction_active()
+        self._busy = True
+
+    def _leave(self) -> None:
+        self._busy = False
+        self.lock.release()
+
+    def _guarded(self, body: Callable[[], T]) -> T:
+        """Run ``body`` holding the lock, refusing a closed or re-entered runner."""
+        self._enter()
+        try:
+            return body()
+        finally:
+            self._leave()
+
+    def assert_usable(self) -> None:
+        """Raise what a call would raise now (closed, re-entered); else nothing."""
+        self._guarded(lambda: None)
+
+    def close(self, release: Callable[[], None] | None = None) -> None:
+        """Close once: wait for the call or block in flight, then ``release`` the connection.
+
+        Idempotent. From inside one of its own calls or blocks it raises
+        ``SCHEDULER_TRANSACTION_ACTIVE`` and stays open.
+        """
+        with self.lock:
+            if self._busy:
+                raise lifecycle.transaction_active()
+            if self._closed is not None:
+                return
+            self._closed = "closed"
+            if release is not None:
+                release()
 
     def _usable_fastpath(self) -> FastPath | None:
         fast = self.fastpath
@@ -196,17 +260,19 @@ class _Base:
         child.sink = []
         return child
 
+    def _finish(self) -> None:
+        """End a block's view: every later call raises ``SCHEDULER_STORE_CLOSED``."""
+        self._closed = lifecycle.TRANSACTION_FINISHED
+
 
 class OwnedRunner(_Base):
     """Runs each operation in its own transaction on a connection the store owns."""
 
     def write(self, operation: Callable[[Tx], T]) -> T:
-        with self.lock:
-            return self._run(operation, BEGIN_WRITE)
+        return self._guarded(lambda: self._run(operation, BEGIN_WRITE))
 
     def read(self, operation: Callable[[Tx], T]) -> T:
-        with self.lock:
-            return self._run(operation, BEGIN_READ, sample_clock=False)
+        return self._guarded(lambda: self._run(operation, BEGIN_READ, sample_clock=False))
 
     def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
         returned = False
@@ -246,29 +312,29 @@ class OwnedRunner(_Base):
 
     @contextmanager
     def outer_transaction(self) -> Iterator[NestedRunner]:
-        """``BEGIN IMMEDIATE`` for a block of operations that commit or roll back together."""
-        with self.lock:
-            transaction = self._begin_block()
-            inner = self._child()
-            try:
-                yield inner
-                inner.raise_if_enclosing_rolled_back()
-            except BaseException:
-                self._rollback(transaction)
-                raise
-            try:
-                transaction.commit()
-            except Exception as error:
-                self._rollback(transaction)
-                classified = classify_storage_failure(
-                    error, phase="commit", commit_state="unknown", owns_transaction=False
-                )
-                if classified is None:
-                    raise
-                raise classified from error
-            emit_all(inner.sink or ())
+        """``BEGIN IMMEDIATE`` for a block of operations that commit or roll back together.
 
-    def _begin_block(self) -> Any:
+        The lock is held for the whole block (other threads wait); the block's runner is
+        finished when the block ends, whatever the outcome.
+        """
+        self._enter()
+        try:
+            transaction, inner = self._begin_block()
+            try:
+                try:
+                    yield inner
+                    inner.raise_if_enclosing_rolled_back()
+                except BaseException:
+                    self._rollback(transaction)
+                    raise
+                self._commit_block(transaction)
+                emit_all(inner.sink or ())
+            finally:
+                inner._finish()
+        finally:
+            self._leave()
+
+    def _begin_block(self) -> tuple[Any, NestedRunner]:
         transaction = self.conn.begin()
         try:
             begin_sqlite_transaction(self.conn)
@@ -280,7 +346,19 @@ class OwnedRunner(_Base):
             if classified is None:
                 raise
             raise classified from error
-        return transaction
+        return transaction, self._child()
+
+    def _commit_block(self, transaction: Any) -> None:
+        try:
+            transaction.commit()
+        except Exception as error:
+            self._rollback(transaction)
+            classified = classify_storage_failure(
+                error, phase="commit", commit_state="unknown", owns_transaction=False
+            )
+            if classified is None:
+                raise
+            raise classified from error
 
 
 def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:
@@ -306,60 +384,57 @@ class NestedRunner(_Base):
         lock: threading.RLock | None = None,
         fastpath: FastPath | None = None,
     ) -> None:
-        super().__init__(conn, clock, uuid_factory, fastpath)
-        if lock is not None:
-            self.lock = lock
+        super().__init__(conn, clock, uuid_factory, fastpath, lock)
         self._enclosing_rolled_back = False
         self.sink: list[StateChanges] | None = None
         """Where a block's state changes wait for the block's end (``None``: log per operation)."""
 
     def write(self, operation: Callable[[Tx], T]) -> T:
-        return self._run(operation, sample_clock=True)
+        return self._guarded(lambda: self._run(operation, sample_clock=True))
 
     def read(self, operation: Callable[[Tx], T]) -> T:
-        return self._run(operation, sample_clock=False)
+        return self._guarded(lambda: self._run(operation, sample_clock=False))
 
     def _run(self, operation: Callable[[Tx], T], *, sample_clock: bool) -> T:
-        with self.lock:
-            if self._enclosing_rolled_back:
-                # Never silently start a new transaction in place of the one SQLite discarded.
-                raise _enclosing_rollback_error("write", "SQLITE_ABORT")
-            savepoint = self._savepoint()
+        if self._enclosing_rolled_back:
+            # Never silently start a new transaction in place of the one SQLite discarded.
+            raise _enclosing_rollback_error("write", "SQLITE_ABORT")
+        savepoint = self._savepoint()
+        try:
+            tx = self._tx(sample_clock, self._usable_fastpath())
+            result = operation(tx)
+            changes = collect(tx)
+            savepoint.commit()
+            if self.sink is None:
+                changes.emit()
+            else:
+                self.sink.append(changes)
+            return result
+        except BaseException as error:
             try:
-                tx = self._tx(sample_clock, self._usable_fastpath())
-                result = operation(tx)
-                changes = collect(tx)
-                savepoint.commit()
-                if self.sink is None:
-                    changes.emit()
-                else:
-                    self.sink.append(changes)
-                return result
-            except BaseException as error:
-                try:
-                    if savepoint.is_active:
-                        savepoint.rollback()
-                    rolled_back = True
-                except Exception:
-                    rolled_back = False
-                if isinstance(error, SchedulerKernelError):
-                    raise
-                # On SQLITE_FULL / IOERR SQLite may roll back the whole enclosing transaction
-                # itself: the savepoint is gone, but provably nothing of it was committed.
-                enclosing_gone = not rolled_back and _dbapi_in_transaction(self.conn) is False
-                classified = classify_storage_failure(
-                    error,
-                    phase="write",
-                    commit_state="not_committed" if rolled_back or enclosing_gone else "unknown",
-                    owns_transaction=False,
-                )
-                if classified is None:
-                    raise
-                if enclosing_gone:
-                    self._enclosing_rolled_back = True
-                    details = classified.details
-                    classified = _enclosing_rollback_error(details["phase"], details["storageCode"])
-                raise classified from error
+                if savepoint.is_active:
+                    savepoint.rollback()
+                rolled_back = True
+            except Exception:
+                rolled_back = False
+            if isinstance(error, SchedulerKernelError):
+                raise
+            # On SQLITE_FULL / IOERR SQLite may roll back the whole enclosing transaction
+            # itself: the savepoint is gone, but provably nothing of it was committed.
+            enclosing_gone = not rolled_back and _dbapi_in_transaction(self.conn) is False
+            classified = classify_storage_failure(
+                error,
+                phase="write",
+                commit_state="not_committed" if rolled_back or enclosing_gone else "unknown",
+                owns_transaction=False,
+            )
+            if classified is None:
+                raise
+            if enclosing_gone:
+                self._enclosing_rolled_back = True
+                details = classified.details
+                classified = _enclosing_rollback_error(details["phase"], details["storageCode"])
+            raise classified from error
 
     def raise_if_enclosing_rolled_back(self) -> None:
         """Refuse to report success for a block whose transaction SQLite already discarded."""
@@ -369,25 +444,31 @@ class NestedRunner(_Base):
     @contextmanager
     def outer_transaction(self) -> Iterator[NestedRunner]:
         """A SAVEPOINT around a block of operations inside the enclosing transaction."""
-        with self.lock:
+        self._enter()
+        try:
             if self._enclosing_rolled_back:
                 raise _enclosing_rollback_error("write", "SQLITE_ABORT")
             savepoint = self._savepoint()
             inner = self._child()
             try:
-                yield inner
-                inner.raise_if_enclosing_rolled_back()
-            except BaseException:
-                self._enclosing_rolled_back = self._enclosing_rolled_back or inner._enclosing_rolled_back
-                with suppress(Exception):
-                    if savepoint.is_active:
-                        savepoint.rollback()
-                raise
-            savepoint.commit()
-            if self.sink is None:
-                emit_all(inner.sink or ())
-            else:
-                self.sink.extend(inner.sink or ())
+                try:
+                    yield inner
+                    inner.raise_if_enclosing_rolled_back()
+                except BaseException:
+                    self._enclosing_rolled_back = self._enclosing_rolled_back or inner._enclosing_rolled_back
+                    with suppress(Exception):
+                        if savepoint.is_active:
+                            savepoint.rollback()
+                    raise
+                savepoint.commit()
+                if self.sink is None:
+                    emit_all(inner.sink or ())
+                else:
+                    self.sink.extend(inner.sink or ())
+            finally:
+                inner._finish()
+        finally:
+            self._leave()
 
     def _savepoint(self) -> Any:
         """A SAVEPOINT for one operation or block (beginning the caller's transaction if needed)."""

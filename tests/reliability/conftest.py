@@ -37,6 +37,7 @@ class Scale:
     full_disk_calls: int  # recorded write calls to fault (0 = every one)
     full_disk_points: int  # page-allocation points per call (0 = every one)
     hostile_examples: int
+    thread_rounds: int  # rounds of threads calling a shared store while one of them closes it
 
 
 SCALES = {
@@ -51,6 +52,7 @@ SCALES = {
         full_disk_calls=0,
         full_disk_points=2,
         hostile_examples=60,
+        thread_rounds=8,
     ),
     "full": Scale(
         name="full",
@@ -63,6 +65,7 @@ SCALES = {
         full_disk_calls=0,
         full_disk_points=0,
         hostile_examples=500,
+        thread_rounds=60,
     ),
 }
 
