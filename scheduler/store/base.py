@@ -16,7 +16,7 @@ class StoreBase:
     """Shared plumbing. Capability mixins validate arguments first, then call ``_write``/``_read``.
 
     Argument validation happens before the closed check and before the clock is read, as in
-    the original. Whether a call may run (open, closed, re-entered) is the runner's
+    the original. Whether a call may run (open, closed, forked, re-entered) is the runner's
     decision, taken under its lock (:mod:`scheduler.store.lifecycle`).
     """
 
@@ -61,14 +61,16 @@ class StoreBase:
 
     @property
     def closed(self) -> bool:
-        """Whether calls are refused (closed, or a finished transaction view)."""
+        """Whether calls are refused (closed, a finished transaction view, or inherited by fork)."""
         return self._runner.closed
 
     def close(self) -> None:
         """Close the store; idempotent. Every later call raises ``SCHEDULER_STORE_CLOSED``.
 
         Safe from any thread: it waits for the call or ``transaction()`` block in flight, then
-        releases the connection the store owns. Inside one of its own calls or blocks (same
-        thread) it raises ``SCHEDULER_TRANSACTION_ACTIVE``.
+        releases the connection the store owns. Inside one of its own calls or
+        blocks (same thread) it raises ``SCHEDULER_TRANSACTION_ACTIVE``; in a process forked
+        after the store was opened it marks the store closed without touching the connection.
+        It never raises a driver error.
         """
         self._runner.close(self._on_close)

@@ -14,6 +14,7 @@ truthful ``commitState``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -180,8 +181,8 @@ class _Base:
 
     Every call holds ``lock`` (a store shared by threads runs one call at a time; a
     ``transaction()`` block holds it for the whole block) and is refused, before anything is
-    read or written, when the runner is closed or is already running a call or block on this
-    thread (see :mod:`scheduler.store.lifecycle`).
+    read or written, when the runner is closed, was inherited by a forked process, or is
+    already running a call or block on this thread (see :mod:`scheduler.store.lifecycle`).
     """
 
     def __init__(
@@ -197,15 +198,27 @@ class _Base:
         self.uuid_factory = uuid_factory
         self.lock = lock or threading.RLock()
         self.fastpath = fastpath or FastPath.for_connection(conn)
+        self._pid = os.getpid()
         self._closed: str | None = None  # why it is closed (lifecycle.store_closed)
         self._busy = False  # a call or block of this runner is running (on the lock's thread)
+        self._quarantined = False
+        lifecycle.track(self)
 
     @property
     def closed(self) -> bool:
-        return self._closed is not None
+        return self._closed is not None or os.getpid() != self._pid
+
+    def mark_forked(self) -> None:
+        """In a child process: refuse every call and never touch the inherited connection."""
+        if not self._quarantined:
+            self._quarantined = True
+            lifecycle.keep_forever(self)
 
     def _enter(self) -> None:
         """Take the lock and mark this runner busy, or raise without touching the connection."""
+        if os.getpid() != self._pid:
+            self.mark_forked()
+            raise lifecycle.opened_in_another_process(self._pid)
         self.lock.acquire()
         if self._closed is not None or self._busy:
             self.lock.release()
@@ -219,7 +232,7 @@ class _Base:
         self.lock.release()
 
     def _guarded(self, body: Callable[[], T]) -> T:
-        """Run ``body`` holding the lock, refusing a closed or re-entered runner."""
+        """Run ``body`` holding the lock, refusing a closed, inherited or re-entered runner."""
         self._enter()
         try:
             return body()
@@ -227,15 +240,20 @@ class _Base:
             self._leave()
 
     def assert_usable(self) -> None:
-        """Raise what a call would raise now (closed, re-entered); else nothing."""
+        """Raise what a call would raise now (closed, forked, re-entered); else nothing."""
         self._guarded(lambda: None)
 
     def close(self, release: Callable[[], None] | None = None) -> None:
         """Close once: wait for the call or block in flight, then ``release`` the connection.
 
-        Idempotent. From inside one of its own calls or blocks it raises
+        Idempotent. In a forked child it only marks the runner closed (the inherited connection
+        is never touched). From inside one of its own calls or blocks it raises
         ``SCHEDULER_TRANSACTION_ACTIVE`` and stays open.
         """
+        if os.getpid() != self._pid:
+            self.mark_forked()
+            self._closed = self._closed or "closed"
+            return
         with self.lock:
             if self._busy:
                 raise lifecycle.transaction_active()
