@@ -42,11 +42,6 @@ def _current_version(path: Path) -> int:
         return inspect_database(connection)
 
 
-def _fingerprint(path: Path) -> str:
-    with readonly_connection(str(path)) as (_, connection):
-        return catalog.schema_fingerprint(connection)
-
-
 def _step_dict(step: UpgradeStep) -> dict[str, Any]:
     return {"version": step.version, "name": step.name, "checksum": step.checksum}
 
@@ -104,8 +99,13 @@ def _upgrade(db: str | None, *, must_exist: bool, dry_run: bool, sql: bool, as_j
     if sql:
         _print_sql(steps, as_json)
         return
+    fingerprint = None
     if not dry_run:
-        open_store(target).close()  # verify, then create or upgrade in one BEGIN IMMEDIATE transaction
+        # Verify, then create or upgrade in one BEGIN IMMEDIATE transaction; the fingerprint is
+        # read on the store's own connection, so that closing it (the last connection) leaves
+        # only the checkpointed main file behind.
+        with open_store(target) as store:
+            fingerprint = catalog.schema_fingerprint(store.connection)
     _report(
         {
             "database": str(path),
@@ -113,7 +113,7 @@ def _upgrade(db: str | None, *, must_exist: bool, dry_run: bool, sql: bool, as_j
             "toVersion": LATEST_VERSION,
             "steps": [_step_dict(step) for step in steps],
             "dryRun": dry_run,
-            "fingerprint": None if dry_run else _fingerprint(path),
+            "fingerprint": fingerprint,
         },
         as_json,
     )

@@ -68,7 +68,10 @@ class StoreBase:
         """Close the store; idempotent. Every later call raises ``SCHEDULER_STORE_CLOSED``.
 
         Safe from any thread: it waits for the call or ``transaction()`` block in flight, then
-        releases the connection the store owns. Inside one of its own calls or
+        releases the connection the store owns (never a caller's engine or connection). A file
+        database is checkpointed first (``wal_checkpoint(TRUNCATE)``, degrading to a passive
+        checkpoint while other connections read), so when this was the last connection only the
+        main file remains and it holds every committed write. Inside one of its own calls or
         blocks (same thread) it raises ``SCHEDULER_TRANSACTION_ACTIVE``; in a process forked
         after the store was opened it marks the store closed without touching the connection.
         It never raises a driver error.

@@ -47,6 +47,8 @@ def open_pragmas() -> tuple[str, ...]:
 
 FILE_PRAGMAS = ("PRAGMA journal_mode = WAL",)
 JOURNAL_MODE = "PRAGMA journal_mode"
+CHECKPOINT_ON_CLOSE = "PRAGMA wal_checkpoint(TRUNCATE)"
+"""Run by ``close()`` with ``busy_timeout = 0`` (a blocked TRUNCATE degrades to PASSIVE)."""
 DURABILITY_PRAGMAS = ("PRAGMA synchronous = FULL",)
 BEGIN_WRITE = "BEGIN IMMEDIATE"
 BEGIN_READ = "BEGIN"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from operator import itemgetter
 from typing import Any, Final, NoReturn, TypeAlias
 
@@ -189,6 +190,18 @@ class FastPath:
             self._cursor = dbapi.cursor()  # type: ignore[union-attr]
             self._dbapi = dbapi
         return True
+
+    def release(self) -> None:
+        """Close the reused cursor, so no statement of it keeps the connection from closing.
+
+        (A pysqlite cursor keeps its last statement; an unfinalized statement turns
+        ``sqlite3_close`` into a "zombie" close that leaves the file, its locks and its WAL open.)
+        The next :meth:`usable` opens a new cursor.
+        """
+        cursor, self._cursor, self._dbapi = self._cursor, None, None
+        if cursor is not None:
+            with suppress(Exception):  # the connection is already gone: nothing left to finalize
+                cursor.close()
 
     def in_transaction(self) -> bool:
         """Whether the driver connection bound by :meth:`usable` is inside a transaction."""

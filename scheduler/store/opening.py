@@ -23,7 +23,13 @@ from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files
-from scheduler.store.dialect import DURABILITY_PRAGMAS, FILE_PRAGMAS, JOURNAL_MODE, open_pragmas
+from scheduler.store.dialect import (
+    CHECKPOINT_ON_CLOSE,
+    DURABILITY_PRAGMAS,
+    FILE_PRAGMAS,
+    JOURNAL_MODE,
+    open_pragmas,
+)
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.failures import classify_storage_failure
 from scheduler.store.session import Clock, OwnedRunner, begin_sqlite_transaction
@@ -214,7 +220,7 @@ def _connect(
         for pragma in DURABILITY_PRAGMAS:
             _pragma(conn, pragma)
     except BaseException:
-        _release(conn)
+        _release(conn, checkpoint=False)
         raise
     return conn
 
@@ -227,19 +233,41 @@ def _end_transaction(conn: Connection) -> None:
         dbapi_connection.rollback()
 
 
+def _checkpoint(conn: Connection) -> None:
+    """Copy the WAL into the main file and truncate it, without waiting for other connections.
+
+    With ``busy_timeout`` 0 a TRUNCATE checkpoint that another connection blocks degrades to a
+    passive one (as much as the readers allow) instead of making ``close()`` wait.
+    """
+    timeout = int(_pragma_value(conn, "PRAGMA busy_timeout"))
+    _pragma(conn, "PRAGMA busy_timeout = 0")
+    try:
+        _pragma(conn, CHECKPOINT_ON_CLOSE)
+    finally:
+        _pragma(conn, f"PRAGMA busy_timeout = {timeout}")
+
+
 def _restore_isolation(conn: Connection) -> None:
     dbapi_connection: Any = conn.connection.dbapi_connection
     if dbapi_connection is not None and _PRIOR_ISOLATION in conn.info:
         dbapi_connection.isolation_level = conn.info.pop(_PRIOR_ISOLATION)
 
 
-def _release(conn: Connection) -> None:
-    """Give the connection back: transaction ended, original driver mode.
+def _release(conn: Connection, *, checkpoint: bool) -> None:
+    """Give the connection back: transaction ended, WAL checkpointed, original driver mode.
 
     Never raises: a step that fails is logged and the connection is still closed (or, if even
     that fails, invalidated so the pool never hands it out again).
     """
-    for step in (_end_transaction, _restore_isolation):
+    steps = (
+        (_end_transaction, _checkpoint, _restore_isolation)
+        if checkpoint
+        else (
+            _end_transaction,
+            _restore_isolation,
+        )
+    )
+    for step in steps:
         try:
             step(conn)
         except Exception:
@@ -303,7 +331,7 @@ def open_store(
             try:
                 files.secure_existing_files(path)
             except BaseException:
-                _release(conn)
+                _release(conn, checkpoint=False)
                 raise
     except BaseException as cause:
         failure = _open_failure(cause, progress)
@@ -312,7 +340,7 @@ def open_store(
         raise failure from (cause.__cause__ if isinstance(cause, SchedulerKernelError) else cause)
 
     def close() -> None:
-        _release(conn)
+        _release(conn, checkpoint=True)
         if given_engine is None:
             with suppress(Exception):
                 engine.dispose()

@@ -197,6 +197,7 @@ class _Base:
         self.clock = clock
         self.uuid_factory = uuid_factory
         self.lock = lock or threading.RLock()
+        self._owns_fastpath = fastpath is None
         self.fastpath = fastpath or FastPath.for_connection(conn)
         self._pid = os.getpid()
         self._closed: str | None = None  # why it is closed (lifecycle.store_closed)
@@ -260,6 +261,8 @@ class _Base:
             if self._closed is not None:
                 return
             self._closed = "closed"
+            if self._owns_fastpath and self.fastpath is not None:
+                self.fastpath.release()
             if release is not None:
                 release()
 

@@ -5,7 +5,8 @@ transaction() blocks at random, and closes the store from one of them at a rando
 the process survives (no freed connection under a running statement), every failure is
 SCHEDULER_STORE_CLOSED (no bare driver error, no other code), close() never raises, every
 acknowledged write is in the file, nothing is half-committed (every invariant of
-``invariants.py``, e.g. each occurrence has its enqueue event).
+``invariants.py``, e.g. each occurrence has its enqueue event), and after close only the main
+file remains.
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ def test_threads_calling_and_closing_a_shared_store(
             thread.join(120)
             assert not thread.is_alive(), "a worker is stuck"
         store.close()  # idempotent, and never a driver error
+        leftovers = sorted(p.name for p in path.parent.iterdir() if p.name.startswith(path.name + "-"))
+        assert leftovers == [], f"round {round_number}: {leftovers}"
         for worker in workers:
             assert not worker.unexpected, f"round {round_number} {worker.name}: {worker.unexpected!r}"
             totals.update(worker.calls)
