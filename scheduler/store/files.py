@@ -43,23 +43,38 @@ def ensure_private_directory(directory: Path) -> None:
         raise insecure("Scheduler database directory is writable by other users", directory)
 
 
-def ensure_private_file(path: Path) -> None:
-    """Refuse a symlink or another user's file; make an existing file owner-only (0600)."""
+def check_private_file(path: Path) -> os.stat_result:
+    """Refuse a symlink, a second name (hard link) or another user's file; change nothing.
+
+    A file with more than one hard link is refused like a symbolic link: SQLite finds the
+    ``-wal``/``-shm`` sidecars by name, so two processes opening the same file under two names
+    would each use their own WAL and index and corrupt the file.
+    """
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise insecure("Scheduler database file must not be a symbolic link", path)
     if not stat.S_ISREG(info.st_mode):
         raise insecure("Scheduler database path is not a regular file", path)
+    if info.st_nlink > 1:
+        raise insecure(
+            f"Scheduler database file has {info.st_nlink} names (hard links); it must have exactly one",
+            path,
+        )
     if info.st_uid != os.geteuid():
         raise insecure("Scheduler database file is owned by another user", path)
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(path, 0o600)
+    return info
 
 
 def secure_existing_files(target: Path) -> None:
-    for candidate in storage_files(target):
-        if os.path.lexists(candidate):
-            ensure_private_file(candidate)
+    """Check the database file and every sidecar present, then make them owner-only.
+
+    Every file is checked before any mode is changed, so a refused database keeps its modes.
+    """
+    present = [candidate for candidate in storage_files(target) if os.path.lexists(candidate)]
+    modes = {candidate: check_private_file(candidate).st_mode for candidate in present}
+    for candidate, mode in modes.items():
+        if stat.S_IMODE(mode) & 0o077:
+            os.chmod(candidate, 0o600)
 
 
 def check_writable(target: Path) -> None:
