@@ -25,6 +25,7 @@ from scheduler.contract import (
 )
 from scheduler.contract.constants import RUNTIME_CONTROL_JOB_KINDS, RUNTIME_CONTROL_OCCURRENCE_STATUSES
 from scheduler.store import SchedulerStore, default_database_path, open_store
+from scheduler.store.clock import monotonic_wall_clock
 from scheduler.store.records import (
     Adjudication,
     AdjudicationCase,
@@ -70,6 +71,7 @@ __all__ = [
     "default_database_path",
     "derive_occurrence_identity",
     "is_canonical_scheduler_source_path",
+    "monotonic_wall_clock",
     "normalize_authority_envelope",
     "normalize_json",
     "normalize_runtime_control_capability",

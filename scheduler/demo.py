@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from scheduler.contract.constants import TERMINAL_STATUSES
+from scheduler.store.clock import wall_clock
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.opening import wall_clock
 from scheduler.store.records import AuthorityPolicy, Event, Job, Occurrence
 
 log = logging.getLogger("scheduler.demo")

@@ -12,6 +12,7 @@ from scheduler.contract.errors import invalid_argument
 from scheduler.schema import tables as t
 from scheduler.store.adjudication import AdjudicationOperations
 from scheduler.store.authority import AuthorityOperations
+from scheduler.store.clock import wall_clock
 from scheduler.store.history import HistoryOperations
 from scheduler.store.jobs import JobOperations
 from scheduler.store.leases import LeaseOperations
@@ -82,7 +83,7 @@ class SchedulerStore(
         SAVEPOINT, so a failed call leaves no partial write (transactional outbox pattern).
         The database must already be at schema v6 (open it once with ``open_store``).
         """
-        from scheduler.store.opening import default_uuid, wall_clock
+        from scheduler.store.opening import default_uuid
 
         if not isinstance(connection, Connection):
             raise invalid_argument("connection must be a sqlalchemy.Connection")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -23,6 +22,7 @@ from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files
+from scheduler.store.clock import wall_clock
 from scheduler.store.dialect import (
     CHECKPOINT_ON_CLOSE,
     DURABILITY_PRAGMAS,
@@ -39,11 +39,6 @@ log = logging.getLogger("scheduler.store")
 MEMORY = ":memory:"
 _PRIOR_ISOLATION = "scheduler_prior_isolation_level"
 DEFAULT_FILE_NAME = "kernel-v1.sqlite"
-
-
-def wall_clock() -> int:
-    """Epoch milliseconds from the system clock."""
-    return time.time_ns() // 1_000_000
 
 
 def default_uuid() -> str:
