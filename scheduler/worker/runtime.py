@@ -383,7 +383,7 @@ class Worker:
         }
         if settlement.outcome == "failed" and settlement.retryable:
             arguments["retry_at"] = self._retry_at(lease)
-        delay = 0.05
+        delay, uncertain = 0.05, False
         while True:
             if not lease.settleable:
                 self._log_abandoned(lease)
@@ -392,14 +392,27 @@ class Worker:
                 return self._settle_once(arguments, claim_next)
             except SchedulerKernelError as error:
                 if error.code == LEASE_LOST:
-                    lease.lost = True
-                    self._log_abandoned(lease)
+                    if not (uncertain and self._settled_by_us(lease)):
+                        lease.lost = True
+                        self._log_abandoned(lease)
                     return None
+                if claim_next and not _transient(error):
+                    claim_next = False  # the claim half failed the cycle: settle alone
+                    continue
                 if not _transient(error) or self._past_deadline():
                     log.error("settle failed: %s: %s", error.code, error.message, extra=lease.extra())
                     return None
+                uncertain = uncertain or (error.details or {}).get("commitState") == "unknown"
                 time.sleep(delay)
                 delay = min(_SETTLE_RETRY_MAX_S, delay * 2)
+
+    def _settled_by_us(self, lease: Lease) -> bool:
+        """After a settlement whose commit was unknown: did it commit (our fence, no longer running)?"""
+        try:
+            current = self.store.get_occurrence(lease.occurrence_id)
+        except SchedulerKernelError:
+            return False
+        return current is not None and current.fence == lease.fence and current.status != "running"
 
     def _settle_once(self, arguments: dict[str, Any], claim_next: bool) -> Occurrence | None:
         settle_and_claim = getattr(self.store, "settle_and_claim", None)
