@@ -359,7 +359,9 @@ def test_a_failing_claim_half_never_costs_the_settlement(tmp_path: Path) -> None
     first = enqueue(store, "job", "first", at=0)
     corrupt = enqueue(store, "job", "corrupt", at=1)
     with sqlite3.connect(path) as connection:  # a stored row the claim cannot map (SCHEDULER_DATA_CORRUPT)
-        connection.execute("UPDATE occurrences SET authority_json = '{\"x\":1}' WHERE occurrence_id = ?", (corrupt,))
+        connection.execute(
+            "UPDATE occurrences SET authority_json = '{\"x\":1}' WHERE occurrence_id = ?", (corrupt,)
+        )
     worker = Worker(store, {"job": lambda o, c: "done"}, periodic=False)
     assert worker.run_until_idle() == 1
     assert status(store, first) == "succeeded"

@@ -21,6 +21,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import json_text_field
+from scheduler.store.fastpath import Prepared
 from scheduler.store.records import Job, OccurrenceControl, Record, RuntimeControlOccurrence
 from scheduler.store.rows import map_job
 from scheduler.store.runtime_reads import (
@@ -99,15 +100,17 @@ def list_periodic_jobs_in(tx: Tx, kinds: Sequence[str] | None) -> list[Job]:
     return [job for job in map(map_job, tx.execute(query.order_by(_j.c.job_id))) if job is not None]
 
 
-def occurrence_runtime_in(tx: Tx, occurrence_id: str) -> OccurrenceRuntime | None:
-    query = (
-        select(_j.c.kind.label("job_kind"), _c)
-        .select_from(
-            _o.join(_j, _j.c.job_id == _o.c.job_id).outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
-        )
-        .where(_o.c.occurrence_id == occurrence_id)
+_RUNTIME: Final = Prepared(
+    select(_j.c.kind.label("job_kind"), _c)
+    .select_from(
+        _o.join(_j, _j.c.job_id == _o.c.job_id).outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
     )
-    row = tx.first(query)
+    .where(_o.c.occurrence_id == bindparam("occurrence_id"))
+)
+
+
+def occurrence_runtime_in(tx: Tx, occurrence_id: str) -> OccurrenceRuntime | None:
+    row = tx.first(_RUNTIME, {"occurrence_id": occurrence_id})
     if row is None:
         return None
     control = None if row.state is None else map_occurrence_control(row)
