@@ -1,66 +1,111 @@
-"""The SQLite-specific pieces of the store, kept in one place for a later PostgreSQL backend."""
+"""Dialect-neutral Core constructs for what SQLite and PostgreSQL spell differently.
+
+The capability modules build every statement once, at import time, from these constructs; each
+renders per dialect when SQLAlchemy compiles the statement for a connection. The renderings live
+in one module per dialect (``scheduler.store.dialects.sqlite`` and ``…postgresql``), which also
+hold each backend's runtime pieces (begin statements, failure classification, clock, pragmas):
+
+* :class:`json_text_field` — a JSON object member as text (``json_extract`` / ``->>``);
+* :class:`greatest` — the larger of two values (SQLite's scalar ``max`` / ``GREATEST``);
+* :class:`glob_match` — SQLite's ``GLOB`` with a constant pattern (a regular expression on
+  PostgreSQL, translated by ``scheduler.schema.glob_to_regex``);
+* :func:`insert_ignoring_conflict` — ``INSERT … ON CONFLICT (cols) DO NOTHING`` (the same text on
+  both backends).
+
+Row locks need no construct: ``Select.with_for_update(skip_locked=…)`` renders ``FOR UPDATE …``
+on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers.
+"""
 
 from __future__ import annotations
 
-import functools
-import sqlite3
 from typing import Any
 
-from sqlalchemy import func
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import Boolean, String, Table
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import ClauseElement, ColumnElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.visitors import InternalTraversal, _TraverseInternalsType
 
 
-def json_text_field(column: Any, key: str) -> ColumnElement[Any]:
-    """``json_extract(column, '$.key')`` (SQLite's JSON1)."""
-    return func.json_extract(column, f"$.{key}")
+class json_text_field(ColumnElement[str]):
+    """The text of member ``member`` of the JSON object stored in ``column`` (``NULL`` if absent).
 
-
-def glob_match(expression: Any, pattern: str) -> ColumnElement[bool]:
-    """``expression GLOB pattern`` (SQLite's case-sensitive wildcard match)."""
-    return expression.op("GLOB", is_comparison=True)(pattern)  # type: ignore[no-any-return]
-
-
-@functools.cache
-def json_functions_are_innocuous() -> bool:
-    """Whether this SQLite lets CHECK (json_valid(...)) run with ``trusted_schema = OFF``.
-
-    SQLite marks the JSON functions innocuous only in newer releases; on older ones (3.40 here)
-    every insert into a table with such a CHECK would fail with "unsafe use of json_valid()".
+    The stored documents are canonical JSON text; the members read this way are strings.
     """
-    probe = sqlite3.connect(":memory:")
-    try:
-        probe.execute("PRAGMA trusted_schema = OFF")
-        probe.execute("CREATE TABLE probe (v TEXT CHECK (json_valid(v)))")
-        probe.execute("INSERT INTO probe VALUES ('{}')")
-        return True
-    except sqlite3.Error:
-        return False
-    finally:
-        probe.close()
+
+    __visit_name__ = "scheduler_json_text_field"
+    inherit_cache = True
+    _traverse_internals: _TraverseInternalsType = [  # noqa: RUF012 - SQLAlchemy's declaration
+        ("column", InternalTraversal.dp_clauseelement),
+        ("member", InternalTraversal.dp_string),
+    ]
+    type = String()
+
+    def __init__(self, column: ColumnElement[Any], member: str) -> None:
+        if not member.isidentifier():
+            raise ValueError(f"JSON member names are identifiers here, not {member!r}")
+        self.column = column
+        self.member = member
 
 
-def open_pragmas() -> tuple[str, ...]:
-    """Pragmas set on every connection before the schema is touched (seed: openDatabase)."""
-    trusted = ("PRAGMA trusted_schema = OFF",) if json_functions_are_innocuous() else ()
-    return ("PRAGMA foreign_keys = ON", *trusted)
+class glob_match(ColumnElement[bool]):
+    """``operand GLOB pattern`` with SQLite's semantics, for a constant ``pattern``."""
+
+    __visit_name__ = "scheduler_glob_match"
+    inherit_cache = True
+    _traverse_internals: _TraverseInternalsType = [  # noqa: RUF012 - SQLAlchemy's declaration
+        ("operand", InternalTraversal.dp_clauseelement),
+        ("pattern", InternalTraversal.dp_string),
+    ]
+    type = Boolean()
+
+    def __init__(self, operand: ColumnElement[Any], pattern: str) -> None:
+        self.operand = operand
+        self.pattern = pattern
 
 
-FILE_PRAGMAS = ("PRAGMA journal_mode = WAL",)
-JOURNAL_MODE = "PRAGMA journal_mode"
-CHECKPOINT_ON_CLOSE = "PRAGMA wal_checkpoint(TRUNCATE)"
-"""Run by ``close()`` with ``busy_timeout = 0`` (a blocked TRUNCATE degrades to PASSIVE)."""
-DURABILITY_PRAGMAS = ("PRAGMA synchronous = FULL",)
-BEGIN_WRITE = "BEGIN IMMEDIATE"
-BEGIN_READ = "BEGIN"
+class greatest(FunctionElement[Any]):
+    """The larger of two non-null values."""
+
+    name = "greatest"
+    inherit_cache = True
 
 
-def greatest(left: Any, right: Any) -> ColumnElement[Any]:
-    """The larger of two values: SQLite's two-argument scalar ``max()`` (``GREATEST`` elsewhere)."""
-    return func.max(left, right)
+class _IgnoreConflict(ClauseElement):
+    """The ``ON CONFLICT (…) DO NOTHING`` clause of :func:`insert_ignoring_conflict`."""
+
+    __visit_name__ = "scheduler_ignore_conflict"
+    inherit_cache = True
+    _traverse_internals: _TraverseInternalsType = [  # noqa: RUF012 - SQLAlchemy's declaration
+        ("columns", InternalTraversal.dp_string_list)
+    ]
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = columns
 
 
-def insert_ignoring_conflict(table: Any, *index_elements: str) -> Any:
+@compiles(_IgnoreConflict)
+def _render_ignore_conflict(element: _IgnoreConflict, compiler: SQLCompiler, **_kw: Any) -> str:
+    columns = ", ".join(compiler.preparer.quote(name) for name in element.columns)
+    return f"ON CONFLICT ({columns}) DO NOTHING"
+
+
+class InsertIgnoringConflict(Insert):
+    """An ``INSERT`` that skips a row conflicting on the given unique columns (SQLite and
+    PostgreSQL both spell it ``ON CONFLICT (cols) DO NOTHING``)."""
+
+    inherit_cache = True
+
+    def __init__(self, table: Table, columns: tuple[str, ...]) -> None:
+        super().__init__(table)
+        self._post_values_clause = _IgnoreConflict(columns)
+
+
+def insert_ignoring_conflict(table: Table, *index_elements: str) -> InsertIgnoringConflict:
     """``INSERT … ON CONFLICT(index_elements) DO NOTHING`` for ``table``."""
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+    return InsertIgnoringConflict(table, index_elements)
 
-    return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(index_elements))
+
+__all__ = ["InsertIgnoringConflict", "glob_match", "greatest", "insert_ignoring_conflict", "json_text_field"]

@@ -10,6 +10,8 @@ from sqlalchemy import Connection, select
 
 from scheduler.contract.errors import invalid_argument
 from scheduler.schema import tables as t
+from scheduler.schema.target import SchemaTarget, schema_target
+from scheduler.store import dialects
 from scheduler.store.adjudication import AdjudicationOperations
 from scheduler.store.authority import AuthorityOperations
 from scheduler.store.clock import wall_clock
@@ -26,10 +28,11 @@ from scheduler.store.stats import StatsOperations
 from scheduler.store.worker_reads import WorkerReadOperations
 
 
-def _schema_info(tx: Tx) -> SchemaInfo:
-    application_id = int(tx.conn.exec_driver_sql("PRAGMA application_id").scalar_one())
-    schema_version = int(tx.conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+def _schema_info(tx: Tx, target: SchemaTarget) -> SchemaInfo:
+    application_id, schema_version = dialects.for_connection(tx.conn).schema_header(tx.conn, target)
     row = tx.first(select(t.migrations).order_by(t.migrations.c.version.desc()).limit(1))
+    if schema_version is None:  # the version is the migrations history
+        schema_version = 0 if row is None else int(row.version)
     migration = (
         None
         if row is None
@@ -76,12 +79,17 @@ class SchedulerStore(
         *,
         clock: Clock | None = None,
         uuid_factory: Callable[[], str] | None = None,
+        schema: str | None = None,
     ) -> SchedulerStore:
         """A store bound to a caller-owned ``Connection`` inside the caller's transaction.
 
         It never commits or rolls back the caller's transaction; each operation runs in a
         SAVEPOINT, so a failed call leaves no partial write (transactional outbox pattern).
         The database must already be at schema v6 (open it once with ``open_store``).
+        ``schema`` is where the scheduler's tables live: SQLite ``"main"`` (default) or an
+        attached database's name, PostgreSQL a schema (default ``"scheduler"``); every statement
+        addresses them there, per statement, so the connection's own options stay untouched.
+        Raises ``SCHEDULER_INVALID_ARGUMENT`` for a bad connection, clock or schema.
         """
         from scheduler.store.opening import default_uuid
 
@@ -91,7 +99,9 @@ class SchedulerStore(
             raise invalid_argument("clock must be a function")
         chosen_clock = clock or wall_clock
         chosen_uuid = uuid_factory or default_uuid
-        runner = NestedRunner(connection, chosen_clock, chosen_uuid)
+        dialects.for_connection(connection)
+        target = schema_target(connection, schema)
+        runner = NestedRunner(connection, chosen_clock, chosen_uuid, target=target)
         return cls(runner, clock=chosen_clock, uuid_factory=chosen_uuid)
 
     @contextmanager
@@ -117,7 +127,8 @@ class SchedulerStore(
 
     def schema_info(self) -> SchemaInfo:
         """Application id, schema version and the newest ``migrations`` row."""
-        return self._read(_schema_info)
+        target = self._runner.target
+        return self._read(lambda tx: _schema_info(tx, target))
 
     def __enter__(self) -> SchedulerStore:
         return self

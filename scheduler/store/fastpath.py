@@ -38,6 +38,8 @@ _NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token"})
 _CONNECTION_INTERNALS: Final = ("_has_events", "_echo", "_execution_options", "_handle_dbapi_exception")
 
 Arguments = Callable[[Mapping[str, Any]], tuple[Any, ...]]
+SchemaMap = Mapping[str | None, str]
+"""A ``schema_translate_map``: the scheduler's schema-less tables -> the store's schema."""
 StoredRow: TypeAlias = Any
 """A result row: a SQLAlchemy ``Row`` or a fast-path row (attribute access, indexing, ``_mapping``)."""
 
@@ -122,11 +124,27 @@ def _unsupported(prepared: Prepared, compiled: SQLCompiler, dialect: Dialect, ma
     )
 
 
-def _compile(prepared: Prepared, dialect: Dialect, keys: tuple[str, ...] | None, many: bool) -> _Plan | None:
-    """The plan of a statement, or ``None`` if only SQLAlchemy's execution is exact for it."""
+def _compile(
+    prepared: Prepared,
+    dialect: Dialect,
+    keys: tuple[str, ...] | None,
+    many: bool,
+    translate_map: SchemaMap | None = None,
+) -> _Plan | None:
+    """The plan of a statement, or ``None`` if only SQLAlchemy's execution is exact for it.
+
+    With a ``translate_map`` the schema names are rendered into the SQL, as SQLAlchemy renders
+    them at execution time for its ``schema_translate_map`` option.
+    """
     statement: Any = prepared.statement
+    schema_options: dict[str, Any] = {}
+    if translate_map is not None:
+        schema_options = {"schema_translate_map": translate_map, "render_schema_translate": True}
     compiled = statement.compile(
-        dialect=dialect, column_keys=None if keys is None else sorted(keys), for_executemany=many
+        dialect=dialect,
+        column_keys=None if keys is None else sorted(keys),
+        for_executemany=many,
+        **schema_options,
     )
     assert isinstance(compiled, SQLCompiler)
     try:
@@ -151,25 +169,27 @@ def _compile(prepared: Prepared, dialect: Dialect, keys: tuple[str, ...] | None,
 
 
 class FastPath:
-    """The compiled plans of one store connection's dialect and a reused driver cursor."""
+    """The compiled plans of one store connection's dialect and schema, and a reused driver cursor."""
 
-    __slots__ = ("_cursor", "_dbapi", "_dialect", "_plans")
+    __slots__ = ("_cursor", "_dbapi", "_dialect", "_plans", "_translate_map")
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, translate_map: SchemaMap | None = None) -> None:
         self._dialect = dialect
+        self._translate_map = translate_map
         self._plans: dict[tuple[Prepared, tuple[str, ...] | None, bool], _Plan | None] = {}
         self._dbapi: Any = None
         self._cursor: Any = None
 
     @staticmethod
-    def for_connection(conn: Connection) -> FastPath | None:
-        """A fast path for a pysqlite connection (``None`` for any other driver)."""
+    def for_connection(conn: Connection, translate_map: SchemaMap | None = None) -> FastPath | None:
+        """A fast path for a pysqlite connection (``None`` for any other driver) whose plans
+        address the scheduler's tables through ``translate_map`` (``None``: unqualified)."""
         dialect = conn.dialect
         if dialect.name != "sqlite" or dialect.driver != "pysqlite" or not dialect.positional:
             return None
         if not all(hasattr(conn, name) for name in _CONNECTION_INTERNALS):
             return None
-        return FastPath(dialect)
+        return FastPath(dialect, translate_map)
 
     def usable(self, conn: Connection) -> bool:
         """False while anything observes or alters statement execution on ``conn``.
@@ -212,7 +232,7 @@ class FastPath:
         try:
             return self._plans[key]
         except KeyError:
-            plan = self._plans[key] = _compile(prepared, self._dialect, key[1], many)
+            plan = self._plans[key] = _compile(prepared, self._dialect, key[1], many, self._translate_map)
             return plan
 
     def _failed(

@@ -20,10 +20,11 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
+from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files
 from scheduler.store.clock import wall_clock
-from scheduler.store.dialect import (
+from scheduler.store.dialects.sqlite import (
     CHECKPOINT_ON_CLOSE,
     DURABILITY_PRAGMAS,
     FILE_PRAGMAS,
@@ -159,29 +160,30 @@ class _OpenProgress:
         )
 
 
-def _initialize_or_upgrade(conn: Connection, now: int, progress: _OpenProgress) -> None:
+def _initialize_or_upgrade(conn: Connection, now: int, progress: _OpenProgress, target: SchemaTarget) -> None:
     """Create an empty database or upgrade v1..v5 to v6 in ONE ``BEGIN IMMEDIATE`` transaction."""
-    version = inspect_database(conn)  # runs quick_check
+    schema = target.schema
+    version = inspect_database(conn, schema=schema)  # runs quick_check
     conn.commit()
     if version == SCHEDULER_STORE_SCHEMA_VERSION:
-        verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION)  # quick_check just passed
+        verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema)  # quick_check just passed
     else:
         transaction = conn.begin()
         try:
             begin_sqlite_transaction(conn)
             # Re-inspect under the write lock: another process may have upgraded meanwhile.
-            version = inspect_database(conn)
+            version = inspect_database(conn, schema=schema)
             if version == SCHEDULER_STORE_SCHEMA_VERSION:
                 transaction.commit()
             else:
-                apply_upgrade(conn, version, now)
+                apply_upgrade(conn, version, now, schema=schema)
                 with progress.commit():
                     transaction.commit()
         except BaseException:
             with suppress(Exception):
                 transaction.rollback()
             raise
-        verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION)
+        verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema)
     conn.commit()
 
 
@@ -194,8 +196,8 @@ def _set_file_pragmas(conn: Connection, progress: _OpenProgress) -> None:
 
 
 def _connect(
-    engine: Engine, path: Path | None, timeout_ms: int, now: int, progress: _OpenProgress
-) -> Connection:
+    engine: Engine, path: Path | None, timeout_ms: int, now: int, progress: _OpenProgress, schema: str | None
+) -> tuple[Connection, SchemaTarget]:
     """Check out the store's connection in driver-autocommit mode and bring the schema to v6.
 
     The previous driver isolation level is kept in ``conn.info`` and restored on close, so a
@@ -206,10 +208,11 @@ def _connect(
     conn.info[_PRIOR_ISOLATION] = dbapi_connection.isolation_level
     dbapi_connection.isolation_level = None
     try:
+        target = schema_target(conn, schema)
         for pragma in open_pragmas():
             _pragma(conn, pragma)
         _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
-        _initialize_or_upgrade(conn, now, progress)
+        _initialize_or_upgrade(conn, now, progress, target)
         if path is not None:
             _set_file_pragmas(conn, progress)
         for pragma in DURABILITY_PRAGMAS:
@@ -217,7 +220,7 @@ def _connect(
     except BaseException:
         _release(conn, checkpoint=False)
         raise
-    return conn
+    return conn, target
 
 
 def _end_transaction(conn: Connection) -> None:
@@ -304,11 +307,15 @@ def open_store(
     clock: Any = None,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     uuid_factory: Any = None,
+    schema: str | None = None,
 ) -> SchedulerStore:
     """Open (creating or upgrading to schema v6) a scheduler store.
 
     ``target`` is a file path, ``":memory:"``, an SQLAlchemy URL, an ``Engine``, or ``None`` for
-    the default path. Refused databases are left byte-for-byte untouched.
+    the default path. ``schema`` is where the scheduler's tables live (SQLite: ``"main"``, the
+    default, or an attached database of the engine's connections; PostgreSQL: a schema, default
+    ``"scheduler"``); every statement of the store addresses them there. Refused databases are
+    left byte-for-byte untouched.
     """
     valid_clock, timeout_ms, valid_uuid = _validate_options(clock, busy_timeout_ms, uuid_factory)
     now = normalize_epoch_ms(valid_clock(), "clock result")
@@ -321,7 +328,7 @@ def open_store(
             files.check_writable(path)
             files.create_private_file(path)
         engine = given_engine or _own_engine(str(url), path, timeout_ms)
-        conn = _connect(engine, path, timeout_ms, now, progress)
+        conn, schema_place = _connect(engine, path, timeout_ms, now, progress, schema)
         if path is not None:
             try:
                 files.secure_existing_files(path)
@@ -340,5 +347,5 @@ def open_store(
             with suppress(Exception):
                 engine.dispose()
 
-    runner = OwnedRunner(conn, valid_clock, valid_uuid)
+    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)

@@ -28,8 +28,9 @@ from scheduler.contract.canonical import canonical_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
+from scheduler.schema.target import SchemaTarget
 from scheduler.store import lifecycle
-from scheduler.store.dialect import BEGIN_READ, BEGIN_WRITE
+from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, storage_unavailable
 from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.telemetry import StateChanges, collect, emit_all
@@ -44,18 +45,26 @@ class Tx:
     """One transaction as seen by an operation: the connection, ``now`` and small helpers.
 
     ``all``/``first``/``changes`` run a :class:`~scheduler.store.fastpath.Prepared` hot statement
-    through the compile-once fast path when it is usable, else like ``execute``.
+    through the compile-once fast path when it is usable, else like ``execute``. Every statement
+    reaches the scheduler's tables through the store's schema (``options`` carries its
+    ``schema_translate_map`` per statement, so a caller's connection is never altered).
     """
 
-    __slots__ = ("_fast", "_uuid_factory", "conn", "events", "now")
+    __slots__ = ("_fast", "_uuid_factory", "conn", "events", "now", "options")
 
     def __init__(
-        self, conn: Connection, now: int, uuid_factory: Callable[[], str], fast: FastPath | None = None
+        self,
+        conn: Connection,
+        now: int,
+        uuid_factory: Callable[[], str],
+        fast: FastPath | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.conn = conn
         self.now = now
         self._uuid_factory = uuid_factory
         self._fast = fast
+        self.options = options
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
 
@@ -66,7 +75,7 @@ class Tx:
     def execute(self, statement: Executable | Prepared, parameters: Any = None) -> CursorResult[Any]:
         if isinstance(statement, Prepared):
             statement = statement.statement
-        return self.conn.execute(statement, parameters)
+        return self.conn.execute(statement, parameters, execution_options=self.options)
 
     def all(self, statement: Executable | Prepared, parameters: Any = None) -> Sequence[Any]:
         """Every result row (SQLAlchemy rows, or fast-path rows with the same attribute access)."""
@@ -91,7 +100,7 @@ class Tx:
         return self.execute(statement, parameters).first()
 
     def scalar(self, statement: Executable, parameters: Any = None) -> Any:
-        return self.conn.execute(statement, parameters).scalar()
+        return self.execute(statement, parameters).scalar()
 
     def changes(self, statement: Executable | Prepared, parameters: Any = None) -> int:
         """Run a DML statement (``executemany`` for a list of dicts); how many rows it changed."""
@@ -138,6 +147,7 @@ class Tx:
 
 class Runner(Protocol):
     conn: Connection
+    target: SchemaTarget
 
     @property
     def closed(self) -> bool: ...
@@ -149,6 +159,13 @@ class Runner(Protocol):
     def assert_usable(self) -> None: ...
 
     def close(self, release: Callable[[], None] | None = None) -> None: ...
+
+
+def statement_options(target: SchemaTarget) -> dict[str, Any] | None:
+    """Per-statement execution options sending Core statements to ``target``'s schema
+    (``None`` for SQLite ``main``: the original's unqualified statements)."""
+    mapping = target.translate_map
+    return None if mapping is None else {"schema_translate_map": mapping}
 
 
 def _sample_clock(clock: Clock) -> int:
@@ -192,13 +209,16 @@ class _Base:
         uuid_factory: Callable[[], str],
         fastpath: FastPath | None = None,
         lock: threading.RLock | None = None,
+        target: SchemaTarget | None = None,
     ) -> None:
         self.conn = conn
         self.clock = clock
         self.uuid_factory = uuid_factory
         self.lock = lock or threading.RLock()
+        self.target = target or SchemaTarget(conn.dialect.name, "main")
+        self.options = statement_options(self.target)
         self._owns_fastpath = fastpath is None
-        self.fastpath = fastpath or FastPath.for_connection(conn)
+        self.fastpath = fastpath or FastPath.for_connection(conn, self.target.translate_map)
         self._pid = os.getpid()
         self._closed: str | None = None  # why it is closed (lifecycle.store_closed)
         self._busy = False  # a call or block of this runner is running (on the lock's thread)
@@ -272,12 +292,19 @@ class _Base:
 
     def _tx(self, sample_clock: bool, fast: FastPath | None) -> Tx:
         now = _sample_clock(self.clock) if sample_clock else 0
-        return Tx(self.conn, now, self.uuid_factory, fast)
+        return Tx(self.conn, now, self.uuid_factory, fast, self.options)
 
     def _child(self) -> NestedRunner:
         """A runner for the operations of a block, sharing this connection, lock and fast path;
         it keeps the block's state changes for the end of the block (``sink``)."""
-        child = NestedRunner(self.conn, self.clock, self.uuid_factory, lock=self.lock, fastpath=self.fastpath)
+        child = NestedRunner(
+            self.conn,
+            self.clock,
+            self.uuid_factory,
+            lock=self.lock,
+            fastpath=self.fastpath,
+            target=self.target,
+        )
         child.sink = []
         return child
 
@@ -404,8 +431,9 @@ class NestedRunner(_Base):
         *,
         lock: threading.RLock | None = None,
         fastpath: FastPath | None = None,
+        target: SchemaTarget | None = None,
     ) -> None:
-        super().__init__(conn, clock, uuid_factory, fastpath, lock)
+        super().__init__(conn, clock, uuid_factory, fastpath, lock, target)
         self._enclosing_rolled_back = False
         self.sink: list[StateChanges] | None = None
         """Where a block's state changes wait for the block's end (``None``: log per operation)."""

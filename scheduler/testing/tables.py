@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, column, select, table
+from sqlalchemy import column, select, table
 
 from scheduler.schema import tables as t
 
@@ -30,16 +30,15 @@ def dump_tables(store: SchedulerStore) -> dict[str, list[dict[str, Any]]]:
 
 
 def _dump_in(tx: Tx) -> dict[str, list[dict[str, Any]]]:
-    connection = tx.conn
     dumped = {
-        schema_table.name: _rows(connection, select(schema_table).order_by(*schema_table.primary_key))
+        schema_table.name: _rows(tx, select(schema_table).order_by(*schema_table.primary_key))
         for schema_table in t.ALL_TABLES
     }
-    if connection.dialect.name == "sqlite":
+    if tx.conn.dialect.name == "sqlite":
         sequence = table(SQLITE_SEQUENCE, column("name"), column("seq"))
-        dumped[SQLITE_SEQUENCE] = _rows(connection, select(sequence).order_by(sequence.c.name))
+        dumped[SQLITE_SEQUENCE] = _rows(tx, select(sequence).order_by(sequence.c.name))
     return dict(sorted(dumped.items()))
 
 
-def _rows(connection: Connection, statement: Any) -> list[dict[str, Any]]:
-    return [dict(row) for row in connection.execute(statement).mappings()]
+def _rows(tx: Tx, statement: Any) -> list[dict[str, Any]]:
+    return [dict(row) for row in tx.execute(statement).mappings()]

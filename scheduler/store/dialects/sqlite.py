@@ -1,0 +1,93 @@
+"""Everything SQLite-specific in the store: renderings, pragmas, begin statements, catalog reads.
+
+(The schema layer keeps its own SQLite specifics: canonical DDL, ``sqlite_master`` fingerprints.)
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from typing import Any, Final
+
+from sqlalchemy import Connection, String
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from scheduler.schema.target import SchemaTarget
+from scheduler.store.dialect import glob_match, greatest, json_text_field
+
+NAME: Final = "sqlite"
+
+
+# ----------------------------------------------------------------- renderings
+
+
+def _literal(compiler: SQLCompiler, value: str) -> str:
+    return compiler.render_literal_value(value, String())
+
+
+@compiles(json_text_field, "sqlite")
+def _json_text_field(element: json_text_field, compiler: SQLCompiler, **kw: Any) -> str:
+    """``json_extract(column, '$.key')`` (SQLite's JSON1)."""
+    path = _literal(compiler, "$." + element.member)
+    return f"json_extract({compiler.process(element.column, **kw)}, {path})"
+
+
+@compiles(glob_match, "sqlite")
+def _glob_match(element: glob_match, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"{compiler.process(element.operand, **kw)} GLOB {_literal(compiler, element.pattern)}"
+
+
+@compiles(greatest, "sqlite")
+def _greatest(element: greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    """SQLite's two-argument scalar ``max()``."""
+    return f"max({compiler.process(element.clauses, **kw)})"
+
+
+# ----------------------------------------------------------------- connection set-up
+
+
+@functools.cache
+def json_functions_are_innocuous() -> bool:
+    """Whether this SQLite lets CHECK (json_valid(...)) run with ``trusted_schema = OFF``.
+
+    SQLite marks the JSON functions innocuous only in newer releases; on older ones (3.40 here)
+    every insert into a table with such a CHECK would fail with "unsafe use of json_valid()".
+    """
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("PRAGMA trusted_schema = OFF")
+        probe.execute("CREATE TABLE probe (v TEXT CHECK (json_valid(v)))")
+        probe.execute("INSERT INTO probe VALUES ('{}')")
+        return True
+    except sqlite3.Error:
+        return False
+    finally:
+        probe.close()
+
+
+def open_pragmas() -> tuple[str, ...]:
+    """Pragmas set on every connection before the schema is touched (seed: openDatabase)."""
+    trusted = ("PRAGMA trusted_schema = OFF",) if json_functions_are_innocuous() else ()
+    return ("PRAGMA foreign_keys = ON", *trusted)
+
+
+FILE_PRAGMAS = ("PRAGMA journal_mode = WAL",)
+JOURNAL_MODE = "PRAGMA journal_mode"
+CHECKPOINT_ON_CLOSE = "PRAGMA wal_checkpoint(TRUNCATE)"
+"""Run by ``close()`` with ``busy_timeout = 0`` (a blocked TRUNCATE degrades to PASSIVE)."""
+DURABILITY_PRAGMAS = ("PRAGMA synchronous = FULL",)
+BEGIN_WRITE = "BEGIN IMMEDIATE"
+BEGIN_READ = "BEGIN"
+
+
+# ----------------------------------------------------------------- catalog reads
+
+
+def schema_header(conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
+    """(``application_id``, ``user_version``) of the scheduler's database file; ``None`` for the
+    version of a file shared with an application (its header is the application's)."""
+    application_id = int(conn.exec_driver_sql(target.pragma("application_id")).scalar_one())
+    if not target.exclusive:
+        return application_id, None
+    return application_id, int(conn.exec_driver_sql(target.pragma("user_version")).scalar_one())
