@@ -4,17 +4,17 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 
-Scheduler revisions are named vN (`alembic revision -m "..." --rev-id vN`) and only run step N of
-``scheduler.schema.upgrade.UPGRADE_STEPS`` (add the step there first: one copy of the SQL, shared
-with ``open_store``). Afterwards ``PRAGMA user_version`` is N.
+Scheduler revisions live in scheduler/revisions/versions, are named vN
+(`alembic revision -m "..." --rev-id vN --version-path scheduler/revisions/versions`) and only run
+step N of ``scheduler.schema.upgrade.UPGRADE_STEPS`` (add the step there first: one copy of the
+SQL, shared with ``open_store`` and the offline scripts).
 """
 
 from __future__ import annotations
 
-from alembic import op
-from alembic.util import CommandError
+from typing import Any
 
-from scheduler.schema.upgrade import apply_step, wall_clock_ms
+from scheduler.revisions import refuse_downgrade, upgrade_to
 ${imports if imports else ""}
 
 revision = ${repr(up_revision)}
@@ -23,11 +23,11 @@ branch_labels = ${repr(branch_labels)}
 depends_on = ${repr(depends_on)}
 
 
-def upgrade(now: int | None = None, **_: object) -> None:
-    """Run this revision's schema step (``now``: epoch ms from ``-x now=``, else the wall clock)."""
-    apply_step(op.get_bind(), int(revision.removeprefix("v")), wall_clock_ms() if now is None else now)
+def upgrade(**arguments: Any) -> None:
+    """Run this revision's schema step (see ``scheduler.revisions`` for schema and clock)."""
+    upgrade_to(int(revision.removeprefix("v")), **arguments)
 
 
-def downgrade(**_: object) -> None:
+def downgrade(**_: Any) -> None:
     """Refused: the scheduler schema is forward-only."""
-    raise CommandError(f"The scheduler schema is forward-only: {revision} cannot be downgraded (restore a backup)")
+    refuse_downgrade(int(revision.removeprefix("v")))

@@ -6,6 +6,7 @@ Start with :func:`open_store`; see ``docs/`` for the architecture and guides.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from scheduler.contract import (
     OccurrenceIdentity,
@@ -24,7 +25,7 @@ from scheduler.contract import (
     scheduler_runtime_control_capability_digest,
 )
 from scheduler.contract.constants import RUNTIME_CONTROL_JOB_KINDS, RUNTIME_CONTROL_OCCURRENCE_STATUSES
-from scheduler.store import SchedulerStore, default_database_path, open_store
+from scheduler.store import SchedulerStore, default_database_path, mark_writer, open_store, sqlite_engine
 from scheduler.store.clock import monotonic_wall_clock
 from scheduler.store.records import (
     Adjudication,
@@ -47,7 +48,22 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
+ALEMBIC_VERSION_LOCATION = "scheduler:revisions/versions"
+"""The revisions in Alembic's ``package:dir`` notation, for a host's ``version_locations``."""
+
+
+def alembic_version_location() -> str:
+    """The directory of the scheduler's Alembic revisions ``v1`` … ``v6`` (branch ``scheduler``).
+
+    Shipped inside the package (a wheel included). A host application mounts them by adding
+    this directory (or ``scheduler:revisions/versions``) to its own ``version_locations``; see
+    ``scheduler.revisions`` for the schema and clock a mounted revision uses.
+    """
+    return str(Path(__file__).resolve().parent / "revisions" / "versions")
+
+
 __all__ = [
+    "ALEMBIC_VERSION_LOCATION",
     "RUNTIME_CONTROL_JOB_KINDS",
     "RUNTIME_CONTROL_OCCURRENCE_STATUSES",
     "Adjudication",
@@ -67,10 +83,12 @@ __all__ = [
     "SchedulerKernelError",
     "SchedulerStore",
     "SchemaInfo",
+    "alembic_version_location",
     "canonical_json",
     "default_database_path",
     "derive_occurrence_identity",
     "is_canonical_scheduler_source_path",
+    "mark_writer",
     "monotonic_wall_clock",
     "normalize_authority_envelope",
     "normalize_json",
@@ -82,4 +100,5 @@ __all__ = [
     "scheduler_migration_scope_digest",
     "scheduler_migration_source_digest",
     "scheduler_runtime_control_capability_digest",
+    "sqlite_engine",
 ]

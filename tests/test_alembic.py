@@ -22,10 +22,17 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.util import CommandError
+from backends import PostgresServer
 from dump import diff, dump
 from recorded import REFERENCE_DBS, T0, UPGRADE_NOW, copy_reference
 
-from scheduler.schema import SCHEDULER_APPLICATION_ID, SCHEMA_FINGERPRINTS, SCHEMA_V6_FINGERPRINT
+from scheduler import open_store
+from scheduler.schema import (
+    SCHEDULER_APPLICATION_ID,
+    SCHEMA_FINGERPRINTS,
+    SCHEMA_V6_FINGERPRINT,
+    verify_schema,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ALEMBIC_INI = REPO / "alembic.ini"
@@ -193,14 +200,107 @@ def test_url_from_environment_and_from_ini(tmp_path: Path, monkeypatch: pytest.M
     assert pragma(plain_path, "user_version") == 6
 
 
-def test_offline_mode_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(CommandError, match="Offline"):
-        command.upgrade(alembic_config(f"url=sqlite:///{tmp_path / 'x.sqlite'}"), "head", sql=True)
+def offline_script(*x: str, revision: str = "head") -> str:
+    out = io.StringIO()
+    config = alembic_config(*x)
+    config.output_buffer = out
+    command.upgrade(config, revision, sql=True)
+    return out.getvalue()
 
 
-def test_non_sqlite_url_is_refused() -> None:
-    with pytest.raises(CommandError, match="SQLite only"):
-        command.upgrade(alembic_config("url=postgresql://user@localhost/db"), "head")
+def run_sqlite3(path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sqlite3", str(path)], input=script, capture_output=True, text=True, check=False)
+
+
+def test_offline_script_creates_a_database_the_store_opens(tmp_path: Path) -> None:
+    path = tmp_path / "offline.sqlite"
+    script = offline_script(f"url=sqlite:///{path}", f"now={T0}")
+    assert not path.exists()  # generating reads nothing and creates nothing
+    assert script.startswith(".bail on")
+    ran = run_sqlite3(path, script)
+    assert ran.returncode == 0, ran.stderr
+    dumped = dump(path)
+    assert dumped["fingerprint"] == SCHEMA_V6_FINGERPRINT
+    assert (dumped["user_version"], dumped["application_id"]) == (6, SCHEDULER_APPLICATION_ID)
+    assert [(r["version"], r["applied_at"]) for r in dumped["tables"]["migrations"]] == [
+        (v, T0) for v in range(1, 7)
+    ]
+    assert not [name for name in catalog_names(path) if name.startswith("alembic")]
+    open_store(path, clock=lambda: T0).close()
+    assert current(path) == "v6 (head)"
+
+
+def test_offline_script_from_a_revision_upgrades_like_open_store(tmp_path: Path) -> None:
+    path = copy_reference(tmp_path, 3)
+    script = offline_script(f"url=sqlite:///{path}", f"now={UPGRADE_NOW}", revision="v3:head")
+    ran = run_sqlite3(path, script)
+    assert ran.returncode == 0, ran.stderr
+    expected = json.loads((REFERENCE_DBS / "v3.upgraded.json").read_text(encoding="utf-8"))
+    assert diff(expected, dump(path)) == []
+
+
+@pytest.mark.parametrize(
+    ("version", "revision", "message"),
+    [
+        (6, "head", "needs a database without scheduler tables"),  # a from-empty script on a v6 file
+        (4, "v2:head", "needs a v2 database"),  # a script for another version
+        (1, "v1:head", "v2 authority backfill"),  # the backfill has rows to rewrite
+    ],
+)
+def test_offline_script_refuses_at_run_time_and_changes_nothing(
+    tmp_path: Path, version: int, revision: str, message: str
+) -> None:
+    path = copy_reference(tmp_path, version)
+    before = digest(path)
+    ran = run_sqlite3(path, offline_script(f"url=sqlite:///{path}", revision=revision))
+    assert ran.returncode != 0 and message in ran.stderr, ran.stderr
+    assert digest(path) == before
+
+
+def test_stamp_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "stamp.sqlite"
+    upgrade(path, "v2")
+    before = digest(path)
+    for revision in ("v3", "head", "base"):
+        with pytest.raises(CommandError, match="stamp is refused"):
+            command.stamp(alembic_config(f"url=sqlite:///{path}"), revision)
+    assert digest(path) == before
+    assert current(path) == "v2"
+
+
+def test_unsupported_url_is_refused() -> None:
+    with pytest.raises(CommandError, match="SQLite and PostgreSQL"):
+        command.upgrade(alembic_config("url=mysql://user@localhost/db"), "head")
+
+
+def test_postgresql_schema_through_the_repository_environment(
+    postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    url = postgres_server.url.render_as_string(hide_password=False)
+    x = (f"url={url}", f"scheduler_schema={pg_schema}", f"now={T0}")
+    assert current_of(*x) == ""
+    command.upgrade(alembic_config(*x), "v3")
+    assert current_of(*x) == "v3"
+    command.upgrade(alembic_config(*x), "head")
+    assert current_of(*x) == "v6 (head)"
+    with postgres_server.engine.connect() as connection:
+        verify_schema(connection, 6, schema=pg_schema)
+        applied = connection.exec_driver_sql(
+            f'SELECT version, applied_at FROM "{pg_schema}".migrations ORDER BY version'
+        ).all()
+        leftovers = connection.exec_driver_sql(
+            "SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = 'alembic_version'"
+        ).scalar_one()
+    assert [tuple(row) for row in applied] == [(v, T0) for v in range(1, 7)]
+    assert leftovers == 0
+    with pytest.raises(CommandError, match="forward-only"):
+        command.downgrade(alembic_config(*x), "v5")
+
+
+def current_of(*x: str) -> str:
+    out = io.StringIO()
+    command.current(alembic_config(*x, stdout=out))
+    return out.getvalue().strip()
 
 
 def test_history_has_one_forward_chain() -> None:

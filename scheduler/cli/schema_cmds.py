@@ -7,11 +7,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from sqlalchemy import Connection, create_engine, make_url, select
+from sqlalchemy.pool import NullPool
 
 import scheduler
 from scheduler.cli import queries
 from scheduler.cli.common import (
     EXIT_FAILURE,
+    CliFailure,
     DbOption,
     JsonOption,
     command,
@@ -26,12 +29,32 @@ from scheduler.cli.common import (
     stored_journal_mode,
 )
 from scheduler.cli.verification import Verification, verify_database
-from scheduler.schema import catalog, ddl
-from scheduler.schema.upgrade import LATEST_VERSION, UPGRADE_STEPS, UpgradeStep, inspect_database
+from scheduler.schema import catalog, ddl, offline, tables
+from scheduler.schema.target import SchemaTarget, schema_target
+from scheduler.schema.upgrade import (
+    LATEST_VERSION,
+    UPGRADE_STEPS,
+    UpgradeStep,
+    inspect_database,
+    wall_clock_ms,
+)
 from scheduler.store import open_store
 
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show which steps would run; write nothing.")]
-SqlOption = Annotated[bool, typer.Option("--sql", help="Print the SQL of the pending steps; write nothing.")]
+SqlOption = Annotated[
+    bool,
+    typer.Option(
+        "--sql",
+        help="Print a guarded sqlite3/psql script of the pending steps (refused where a step needs "
+        "data an offline script cannot compute); write nothing.",
+    ),
+]
+SharedOption = Annotated[
+    bool, typer.Option("--shared", help="With --sql: the SQLite file is shared with an application.")
+]
+SchemaNameOption = Annotated[
+    str | None, typer.Option("--schema", help="With --sql: the PostgreSQL schema (default scheduler).")
+]
 
 
 def _current_version(path: Path) -> int:
@@ -46,31 +69,82 @@ def _step_dict(step: UpgradeStep) -> dict[str, Any]:
     return {"version": step.version, "name": step.name, "checksum": step.checksum}
 
 
-def _step_sql(step: UpgradeStep) -> str:
-    lines = [
-        f"-- v{step.version}: {step.name} (checksum {step.checksum})",
-        ddl.MIGRATION_SQL[step.version].strip(),
-    ]
-    if step.version == 1:
-        lines.append(f"PRAGMA application_id = {ddl.SCHEDULER_APPLICATION_ID};")
-    if step.version == 2:
-        lines.append(
-            "-- then the authority backfill (scheduler.schema.upgrade.migrate_authority_v2): a policy per"
+def _backfill_has_work(connection: Connection, from_version: int, target: SchemaTarget) -> bool:
+    """Whether a v1 database holds rows the v2 backfill would rewrite (not scriptable)."""
+    if from_version != 1:
+        return False
+    return any(
+        connection.execute(select(table.c[0]).limit(1), execution_options=_options(target)).first()
+        is not None
+        for table in (tables.jobs, tables.occurrences)
+    )
+
+
+def _options(target: SchemaTarget) -> dict[str, Any]:
+    mapping = target.translate_map
+    return {} if mapping is None else {"schema_translate_map": mapping}
+
+
+def _inspect_for_script(db_target: str, must_exist: bool, shared: bool, schema: str | None) -> tuple[
+    SchemaTarget, str, int, bool
+]:
+    """(layout, database label, version the script starts from, backfill has work); read-only."""
+    if "://" in db_target and make_url(db_target).get_backend_name() == "postgresql":
+        url = make_url(db_target)
+        if url.drivername == "postgresql":
+            url = url.set(drivername="postgresql+psycopg")
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection, connection.begin():
+                target = schema_target(connection, schema)
+                version = inspect_database(connection, schema=target.schema)
+                work = _backfill_has_work(connection, version, target)
+                connection.rollback()
+        finally:
+            engine.dispose()
+        return offline.offline_target("postgresql", target.schema), url.render_as_string(), version, work
+    path = existing_file(db_target) if must_exist else database_file(db_target)
+    target = offline.offline_target("sqlite", schema, exclusive=not shared)
+    if not path.exists():
+        return target, str(path), 0, False
+    with readonly_connection(str(path)) as (_, connection):
+        version = inspect_database(connection, exclusive=not shared)
+        return target, str(path), version, _backfill_has_work(connection, version, target)
+
+
+def _print_sql(db_target: str, *, must_exist: bool, shared: bool, schema: str | None, as_json: bool) -> None:
+    """Print the guarded offline script (``scheduler.schema.offline``) or refuse, printing nothing."""
+    target, database, from_version, backfill_work = _inspect_for_script(db_target, must_exist, shared, schema)
+    if backfill_work:
+        raise CliFailure(
+            f"{database} is at v1 and holds jobs or occurrences: the v2 authority backfill rewrites "
+            "them with canonical encodings an SQL script cannot compute. No script was printed; "
+            "upgrade it online (`scheduler upgrade` or `alembic upgrade head`).",
+            code="SCHEDULER_OFFLINE_UNSUPPORTED",
         )
-        lines.append("-- principal of every job and live occurrence, and their authority bound to it")
-    lines.append(f"-- INSERT INTO migrations (version {step.version}, applied_at = now)")
-    lines.append(f"PRAGMA user_version = {step.version};")
-    return "\n".join(lines)
-
-
-def _print_sql(steps: list[UpgradeStep], as_json: bool) -> None:
+    now = wall_clock_ms()
+    steps = UPGRADE_STEPS[from_version:]
     if as_json:
-        emit_json({"steps": [{**_step_dict(step), "sql": _step_sql(step)} for step in steps]})
+        emit_json(
+            {
+                "database": database,
+                "fromVersion": from_version,
+                "toVersion": LATEST_VERSION,
+                "steps": [
+                    {
+                        **_step_dict(step),
+                        "sql": ";\n".join(offline.step_statements(step.version, now, target)) + ";",
+                    }
+                    for step in steps
+                ],
+                "script": offline.offline_script(target, from_version, now) if steps else "",
+            }
+        )
         return
-    typer.echo("BEGIN IMMEDIATE;")
-    for step in steps:
-        typer.echo(_step_sql(step) + "\n")
-    typer.echo("COMMIT;")
+    if not steps:
+        typer.echo(f"-- {database} is already at v{LATEST_VERSION}: nothing to do")
+        return
+    typer.echo(offline.offline_script(target, from_version, now), nl=False)
 
 
 def _report(result: dict[str, Any], as_json: bool) -> None:
@@ -91,14 +165,23 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
         typer.echo(f"fingerprint: {result['fingerprint']}")
 
 
-def _upgrade(db: str | None, *, must_exist: bool, dry_run: bool, sql: bool, as_json: bool) -> None:
+def _upgrade(
+    db: str | None,
+    *,
+    must_exist: bool,
+    dry_run: bool,
+    sql: bool,
+    as_json: bool,
+    shared: bool = False,
+    schema: str | None = None,
+) -> None:
     target = resolve_target(db)
+    if sql:
+        _print_sql(target, must_exist=must_exist, shared=shared, schema=schema, as_json=as_json)
+        return
     path = existing_file(target) if must_exist else database_file(target)
     from_version = _current_version(path)
     steps = list(UPGRADE_STEPS[from_version:])
-    if sql:
-        _print_sql(steps, as_json)
-        return
     fingerprint = None
     if not dry_run:
         # Verify, then create or upgrade in one BEGIN IMMEDIATE transaction; the fingerprint is
@@ -121,18 +204,28 @@ def _upgrade(db: str | None, *, must_exist: bool, dry_run: bool, sql: bool, as_j
 
 @command
 def init_command(
-    db: DbOption = None, dry_run: DryRunOption = False, sql: SqlOption = False, as_json: JsonOption = False
+    db: DbOption = None,
+    dry_run: DryRunOption = False,
+    sql: SqlOption = False,
+    shared: SharedOption = False,
+    schema: SchemaNameOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Create the database (or upgrade an existing one) at the current schema version."""
-    _upgrade(db, must_exist=False, dry_run=dry_run, sql=sql, as_json=as_json)
+    _upgrade(db, must_exist=False, dry_run=dry_run, sql=sql, as_json=as_json, shared=shared, schema=schema)
 
 
 @command
 def upgrade_command(
-    db: DbOption = None, dry_run: DryRunOption = False, sql: SqlOption = False, as_json: JsonOption = False
+    db: DbOption = None,
+    dry_run: DryRunOption = False,
+    sql: SqlOption = False,
+    shared: SharedOption = False,
+    schema: SchemaNameOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Upgrade an existing database to the current schema version (one transaction)."""
-    _upgrade(db, must_exist=True, dry_run=dry_run, sql=sql, as_json=as_json)
+    _upgrade(db, must_exist=True, dry_run=dry_run, sql=sql, as_json=as_json, shared=shared, schema=schema)
 
 
 def _print_verification(path: Path, verification: Verification) -> None:

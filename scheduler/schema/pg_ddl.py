@@ -92,9 +92,9 @@ def added_columns(version: int) -> list[tuple[Table, Any]]:
 
 def run_step_ddl(connection: Connection, version: int, target: SchemaTarget) -> None:
     """Execute step ``version``'s DDL in ``target``'s schema (inside the caller's transaction)."""
-    bound = target.bind(connection)
-    for statement in step_statements(version):
-        bound.execute(statement)
+    with target.bound(connection) as bound:
+        for statement in step_statements(version):
+            bound.execute(statement)
     for table, column in added_columns(version):
         column_sql = CreateColumn(column).compile(dialect=connection.dialect)
         connection.exec_driver_sql(f"ALTER TABLE {target.qualify(table.name)} ADD COLUMN {column_sql}")

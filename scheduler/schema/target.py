@@ -18,6 +18,8 @@ qualified, so the statements of the default layout are exactly those of the orig
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -88,9 +90,29 @@ class SchemaTarget:
         return None if self.is_default_sqlite else {None: self.schema}
 
     def bind(self, connection: Connection) -> Connection:
-        """``connection`` with Core statements over the schema-less tables sent to this schema."""
+        """``connection`` with Core statements over the schema-less tables sent to this schema.
+
+        SQLAlchemy 2 applies ``Connection.execution_options`` IN PLACE: the map stays on the
+        connection. Use it only on a connection the store owns; on anyone else's connection (an
+        Alembic environment, ``on_connection``) use :meth:`bound`, which restores it.
+        """
         mapping = self.translate_map
         return connection if mapping is None else connection.execution_options(schema_translate_map=mapping)
+
+    @contextmanager
+    def bound(self, connection: Connection) -> Iterator[Connection]:
+        """:meth:`bind` for the duration of a block; the connection's previous map is restored,
+        so an application's own tables of the same names are never redirected afterwards."""
+        mapping = self.translate_map
+        if mapping is None:
+            yield connection
+            return
+        previous = connection.get_execution_options().get("schema_translate_map")
+        connection.execution_options(schema_translate_map=mapping)
+        try:
+            yield connection
+        finally:
+            connection.execution_options(schema_translate_map=previous)
 
 
 def _validate_schema(schema: object, dialect: str) -> str:

@@ -109,7 +109,8 @@ def migrate_authority_v2(connection: Connection, now: int, target: SchemaTarget 
     """Schema v2: the authority tables plus the seed's ``migrateAuthorityV2`` backfill."""
     place = resolve(connection, target)
     _run_ddl(connection, 2, place)
-    backfill_authority_v2(place.bind(connection), now)
+    with place.bound(connection) as bound:
+        backfill_authority_v2(bound, now)
 
 
 # ----------------------------------------------------------------- the ordered steps
@@ -242,11 +243,12 @@ def apply_step(
     _require_version(connection, version, target)
     step = UPGRADE_STEPS[version - 1]
     step.apply(connection, now, target)
-    target.bind(connection).execute(
-        insert(t.migrations).values(
-            version=step.version, name=step.name, checksum=step.checksum, applied_at=now
+    with target.bound(connection) as bound:
+        bound.execute(
+            insert(t.migrations).values(
+                version=step.version, name=step.name, checksum=step.checksum, applied_at=now
+            )
         )
-    )
     if not target.is_postgresql and target.exclusive:
         connection.exec_driver_sql(target.pragma(f"user_version = {int(step.version)}"))
 

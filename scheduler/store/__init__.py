@@ -4,5 +4,13 @@ from __future__ import annotations
 
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.opening import default_database_path, open_store
+from scheduler.store.sqlite_engine import WRITER_OPTION, mark_writer, sqlite_engine
 
-__all__ = ["SchedulerStore", "default_database_path", "open_store"]
+__all__ = [
+    "WRITER_OPTION",
+    "SchedulerStore",
+    "default_database_path",
+    "mark_writer",
+    "open_store",
+    "sqlite_engine",
+]

@@ -19,6 +19,7 @@ see :func:`observe_queue_depth`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -87,8 +88,8 @@ class _Metrics:
         if not self._loaded:
             self._loaded = True
             api: Any
-            try:
-                from opentelemetry import metrics as api
+            try:  # imported by name: mypy --strict passes with or without the optional package
+                api = importlib.import_module("opentelemetry.metrics")
             except ImportError:
                 api = None
             self._api = api
