@@ -442,7 +442,50 @@ class NestedRunner(_Base):
         return self._guarded(lambda: self._run(operation, sample_clock=True))
 
     def read(self, operation: Callable[[Tx], T]) -> T:
-        return self._guarded(lambda: self._run(operation, sample_clock=False))
+        return self._guarded(lambda: self._read(operation))
+
+    def _read(self, operation: Callable[[Tx], T]) -> T:
+        if not self._enclosing_rolled_back and self._found_no_transaction():
+            return self._read_in_own_snapshot(operation)
+        return self._run(operation, sample_clock=False)
+
+    def _found_no_transaction(self) -> bool:
+        """No transaction to join: SQLite's driver has none open (pysqlite begins lazily), or
+        the connection is outside any transaction (other drivers)."""
+        if self.conn.dialect.name == "sqlite":
+            return _dbapi_in_transaction(self.conn) is False
+        return not self.conn.in_transaction()
+
+    def _read_in_own_snapshot(self, operation: Callable[[Tx], T]) -> T:
+        """A read that leaves no transaction behind: a deferred snapshot, ended after the read.
+
+        SQLite: a driver-level deferred ``BEGIN`` … ``ROLLBACK``, so no lock outlives the call
+        (a lingering transaction would make every other process's writes fail ``SQLITE_BUSY``);
+        the caller's own logical transaction, if any, is left as it was. Other drivers: the
+        transaction the read auto-began is rolled back.
+        """
+        had_transaction = self.conn.in_transaction()
+        driver: Any = self.conn.connection.dbapi_connection if self.conn.dialect.name == "sqlite" else None
+        try:
+            if driver is not None:
+                driver.execute(BEGIN_READ).close()
+            return operation(self._tx(False, self._usable_fastpath()))
+        except BaseException as error:
+            if isinstance(error, SchedulerKernelError):
+                raise
+            classified = classify_storage_failure(
+                error, phase="read", commit_state="not_committed", owns_transaction=False
+            )
+            if classified is None:
+                raise
+            raise classified from error
+        finally:
+            if driver is not None and driver.in_transaction:
+                with suppress(Exception):
+                    driver.rollback()
+            if not had_transaction and self.conn.in_transaction():
+                with suppress(Exception):
+                    self.conn.rollback()
 
     def _run(self, operation: Callable[[Tx], T], *, sample_clock: bool) -> T:
         if self._enclosing_rolled_back:

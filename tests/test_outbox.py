@@ -1,0 +1,161 @@
+"""The transactional outbox in an application's own transactions: hygiene and load.
+
+* A read through ``SchedulerStore.on_connection`` leaves no transaction it did not find, so
+  other processes' writes never meet a lock it forgot.
+* ``scheduler.sqlite_engine`` + ``mark_writer``: a writer takes the write lock at BEGIN (waiting
+  ``busy_timeout``), readers stay deferred.
+* Load: 8 request threads enqueue inside their own ORM transactions (every tenth rolls back)
+  while 2 worker processes claim and settle: 1,200 requests, zero failures, every committed
+  order has exactly one occurrence and every rolled-back one none.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from outbox_support import (
+    AUTHORITY,
+    JOB_ID,
+    Base,
+    Order,
+    committed_orders,
+    occurrences_by_order,
+    run_outbox_load,
+    start_workers,
+    stop_workers,
+)
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+
+from scheduler import SchedulerKernelError, SchedulerStore, mark_writer, open_store, sqlite_engine
+
+THREADS = 8
+REQUESTS = 1_200
+
+
+def other_process_can_write(path: Path) -> bool:
+    """An independent connection takes the write lock without waiting (busy_timeout 0)."""
+    con = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> Path:
+    path = tmp_path / "kernel.sqlite"
+    with open_store(path) as store:
+        store.create_job(id=JOB_ID, kind="email", authority=AUTHORITY)
+    return path
+
+
+@pytest.mark.parametrize("engine_kind", ["plain", "sqlite_engine"])
+def test_a_read_on_a_fresh_connection_leaves_no_transaction(kernel: Path, engine_kind: str) -> None:
+    engine = create_engine(f"sqlite:///{kernel}") if engine_kind == "plain" else sqlite_engine(kernel)
+    try:
+        with engine.connect() as connection:
+            store = SchedulerStore.on_connection(connection)
+            assert store.get_job(JOB_ID) is not None
+            assert store.history(job_id=JOB_ID) != []
+            assert not connection.in_transaction()
+            assert not connection.connection.dbapi_connection.in_transaction  # type: ignore[union-attr]
+            assert other_process_can_write(kernel)
+    finally:
+        engine.dispose()
+
+
+def test_a_read_inside_a_begun_transaction_keeps_the_callers_transaction(kernel: Path) -> None:
+    engine = sqlite_engine(kernel)
+    try:
+        with engine.connect() as connection:
+            transaction = connection.begin()
+            store = SchedulerStore.on_connection(connection)
+            assert store.get_job(JOB_ID) is not None  # no statement of the caller's yet
+            assert connection.in_transaction()
+            assert other_process_can_write(kernel)  # the read's snapshot is over
+            store.enqueue_occurrence(job_id=JOB_ID, scheduled_for=0, trigger_key="after-read")
+            assert not other_process_can_write(kernel)  # the write joined the caller's transaction
+            transaction.rollback()
+        with open_store(kernel) as check:
+            assert check.list_occurrences_by_trigger(job_id=JOB_ID, trigger_key="after-read") == []
+    finally:
+        engine.dispose()
+
+
+def test_mark_writer_takes_the_write_lock_up_front_and_readers_stay_deferred(kernel: Path) -> None:
+    engine = sqlite_engine(kernel, busy_timeout_ms=0)
+    try:
+        with engine.begin() as reader:
+            reader.execute(text("SELECT count(*) FROM jobs")).scalar_one()
+            assert other_process_can_write(kernel)  # deferred: a shared read lock only
+        with engine.begin() as writer:
+            mark_writer(writer)
+            writer.execute(text("SELECT count(*) FROM jobs")).scalar_one()
+            assert not other_process_can_write(kernel)
+        assert other_process_can_write(kernel)
+        with Session(engine) as session, session.begin():
+            mark_writer(session)
+            session.execute(text("SELECT 1"))
+            assert not other_process_can_write(kernel)
+        writers = engine.execution_options(scheduler_writer=True)
+        with writers.begin() as connection:
+            connection.execute(text("SELECT 1"))
+            assert not other_process_can_write(kernel)
+        with engine.begin() as late, pytest.raises(SchedulerKernelError) as caught:
+            late.execute(text("SELECT 1"))
+            mark_writer(late)
+        assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_engine_refuses_bad_arguments(tmp_path: Path) -> None:
+    for arguments in (
+        {"path": ":memory:"},
+        {"path": tmp_path / "a.sqlite", "busy_timeout_ms": -1},
+        {"path": tmp_path / "a.sqlite", "journal_mode": "bogus"},
+        {"path": tmp_path / "a.sqlite", "attach": {"main": tmp_path / "b.sqlite"}},
+    ):
+        with pytest.raises(SchedulerKernelError) as caught:
+            sqlite_engine(**arguments)  # type: ignore[arg-type]
+        assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
+
+
+def test_outbox_under_load_attached_sqlite(tmp_path: Path, kernel: Path) -> None:
+    app = tmp_path / "app.sqlite"
+    engine = sqlite_engine(app, attach={"kernel": kernel}, busy_timeout_ms=60_000)
+    Base.metadata.create_all(engine)
+
+    @contextmanager
+    def request() -> Iterator[tuple[Session, SchedulerStore]]:
+        with Session(engine) as session, session.begin():
+            mark_writer(session)
+            yield session, SchedulerStore.on_connection(session.connection())
+
+    stop = tmp_path / "stop"
+    workers = start_workers(2, {"target": str(kernel)}, stop)
+    try:
+        result = run_outbox_load(request, threads=THREADS, requests=REQUESTS)
+    finally:
+        reports = stop_workers(workers, stop)
+    engine.dispose()
+    assert result.failures == []
+    assert len(result.committed) + len(result.rolled_back) == REQUESTS
+    with Session(sqlite_engine(app)) as session:
+        assert committed_orders(session) == result.committed
+    with open_store(kernel) as store:
+        counts = occurrences_by_order(store, result.committed | result.rolled_back)
+    assert {order for order, n in counts.items() if n == 1} == result.committed
+    assert {order for order, n in counts.items() if n == 0} == result.rolled_back
+    assert [report["failures"] for report in reports] == [[], []]
+    assert sum(report["settled"] for report in reports) == len(result.committed)
+    assert Order.__tablename__ == "orders"
