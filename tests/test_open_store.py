@@ -168,6 +168,22 @@ def test_existing_group_readable_file_is_made_owner_only(tmp_path: Path) -> None
     assert db.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_a_refused_file_keeps_its_mode_and_bytes(tmp_path: Path, mode: int) -> None:
+    db = tmp_path / "app.sqlite"
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    con.execute("PRAGMA journal_mode = WAL")
+    con.close()
+    db.chmod(mode)
+    before = db.read_bytes()
+    with pytest.raises(SchedulerKernelError) as raised:
+        open_store(db, clock=lambda: T0)
+    assert raised.value.code == "SCHEDULER_SCHEMA_UNKNOWN"
+    assert db.stat().st_mode & 0o777 == mode
+    assert db.read_bytes() == before
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [

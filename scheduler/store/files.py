@@ -65,6 +65,14 @@ def check_private_file(path: Path) -> os.stat_result:
     return info
 
 
+def check_existing_files(target: Path) -> None:
+    """The checks of :func:`secure_existing_files` without any change (before a verification
+    that may still refuse the file: a refused open never changes a file's mode)."""
+    for candidate in storage_files(target):
+        if os.path.lexists(candidate):
+            check_private_file(candidate)
+
+
 def secure_existing_files(target: Path) -> None:
     """Check the database file and every sidecar present, then make them owner-only.
 

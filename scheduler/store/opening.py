@@ -324,7 +324,7 @@ def open_store(
     try:
         if path is not None:
             files.ensure_private_directory(path.parent)
-            files.secure_existing_files(path)
+            files.check_existing_files(path)  # modes change only once the file is accepted
             files.check_writable(path)
             files.create_private_file(path)
         engine = given_engine or _own_engine(str(url), path, timeout_ms)
