@@ -38,6 +38,7 @@ class Scale:
     full_disk_points: int  # page-allocation points per call (0 = every one)
     hostile_examples: int
     thread_rounds: int  # rounds of threads calling a shared store while one of them closes it
+    outbox_kills: int = 20  # SIGKILLs per embedding layout while committing an order + occurrence
 
 
 SCALES = {
@@ -66,6 +67,7 @@ SCALES = {
         full_disk_points=0,
         hostile_examples=500,
         thread_rounds=60,
+        outbox_kills=150,
     ),
 }
 
