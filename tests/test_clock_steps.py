@@ -5,10 +5,11 @@ See "Clocks" in docs/operations.md.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from pathlib import Path
 
-from hardening_support import T0, new_store
+from hardening_support import T0, new_store, python_argv
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -134,3 +135,30 @@ def test_monotonic_wall_clock_is_a_valid_store_clock(tmp_path: Path) -> None:
     with open_store(tmp_path / "k.sqlite", clock=monotonic_wall_clock) as store:
         store.create_job(id="job-a", kind="agenda", authority={"principal": {"type": "user", "id": "u"}})
         assert store.get_job("job-a") is not None
+
+
+def test_a_forked_child_can_use_a_clock_whose_lock_another_thread_held() -> None:
+    source = """
+import os, sys, threading
+from scheduler.store.clock import NonDecreasingClock
+clock = NonDecreasingClock(lambda: 5)
+clock()
+held, release = threading.Event(), threading.Event()
+
+def hold():
+    with clock._lock:
+        held.set()
+        release.wait(10)
+
+threading.Thread(target=hold).start()
+held.wait(10)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if clock() == 5 else 3)  # without the at-fork reset this blocks forever
+release.set()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    result = subprocess.run(python_argv(source), capture_output=True, text=True, timeout=20, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"

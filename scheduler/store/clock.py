@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 
@@ -31,8 +32,7 @@ class NonDecreasingClock:
         self._source = source
         self._last: int | None = None
         self._lock = threading.Lock()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
+        _CLOCKS.add(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # a lock held by another thread at fork stays held forever
@@ -46,6 +46,17 @@ class NonDecreasingClock:
             self._last = value
             return value
 
+
+_CLOCKS: weakref.WeakSet[NonDecreasingClock] = weakref.WeakSet()
+
+
+def _reset_locks_after_fork() -> None:
+    for clock in list(_CLOCKS):
+        clock._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_after_fork)
 
 _PROCESS_CLOCK = NonDecreasingClock()
 
