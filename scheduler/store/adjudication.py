@@ -29,7 +29,12 @@ from scheduler.contract.scalars import (
 )
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
-from scheduler.store.authority import load_authority_reservation, load_occurrence, occurrence_not_found
+from scheduler.store.authority import (
+    load_authority_reservation,
+    load_occurrence,
+    lock_occurrence_row,
+    occurrence_not_found,
+)
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import glob_match, json_text_field
 from scheduler.store.records import (
@@ -240,6 +245,7 @@ def adjudicate_occurrence_in(tx: Tx, request: dict[str, Any]) -> AdjudicationCas
     occurrence_id: str = request["occurrence_id"]
     attempt: int = request["attempt"]
     fence: int = request["fence"]
+    lock_occurrence_row(tx, occurrence_id)
     case = load_adjudication_case(tx, occurrence_id)
     if case is None:
         raise occurrence_not_found(occurrence_id)

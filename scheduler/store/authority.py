@@ -7,9 +7,9 @@ Seed 002: ``setAuthorityPolicy``, ``getAuthorityPolicy``, ``ensureAuthorityPolic
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Row
 
 from scheduler.contract.authority import (
@@ -36,6 +36,7 @@ from scheduler.contract.storable import (
 )
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.fastpath import Prepared
 from scheduler.store.jobs import not_found
 from scheduler.store.records import AuthorityPolicy, AuthorityReservation, Occurrence
 from scheduler.store.rows import data_corrupt, map_occurrence, read_stored_json
@@ -72,6 +73,25 @@ def occurrence_not_found(occurrence_id: str) -> SchedulerKernelError:
 
 
 # --------------------------------------------------------------------------- rows
+
+
+_LOCK_OCCURRENCE: Final = Prepared(
+    select(t.occurrences.c.occurrence_id)
+    .where(t.occurrences.c.occurrence_id == bindparam("occurrence_id"))
+    .with_for_update()
+)
+POLICY_LOCKS: Final = "authority_policy"
+
+
+def lock_occurrence_row(tx: Tx, occurrence_id: str) -> None:
+    """Hold the occurrence's row until the transaction ends: the row that decides every write
+    on one occurrence (PostgreSQL ``FOR UPDATE``; SQLite's write transaction excludes others)."""
+    tx.first(_LOCK_OCCURRENCE, {"occurrence_id": occurrence_id})
+
+
+def lock_policy(tx: Tx, principal: dict[str, str]) -> None:
+    """Hold the principal's policy, present or not (its budget and revision) until the end."""
+    tx.lock_keys(POLICY_LOCKS, [f"{principal['type']}\x1f{principal['id']}"])
 
 
 def load_occurrence_row(tx: Tx, occurrence_id: str) -> Row[Any] | None:
@@ -153,6 +173,7 @@ def set_authority_policy_in(
     expected_revision: int | None,
 ) -> AuthorityPolicy:
     """Create or replace a policy, bumping its revision (CAS when ``expected_revision`` is given)."""
+    lock_policy(tx, principal)
     current = _policy_row(tx, principal)
     current_revision = 0 if current is None else int(current.revision)
     if expected_revision is not None and expected_revision != current_revision:
@@ -315,7 +336,11 @@ def _charge_budget(tx: Tx, policy: AuthorityPolicy, units: int) -> int:
 def reserve_authority_in(
     tx: Tx, occurrence_id: str, policy_revision: int, units: int
 ) -> AuthorityReservation:
-    """Reserve budget for a running occurrence (idempotent per occurrence; seed: reserveAuthority)."""
+    """Reserve budget for a running occurrence (idempotent per occurrence; seed: reserveAuthority).
+
+    The occurrence's row, then its principal's policy are locked before anything is decided, so
+    concurrent reservations never overspend a window's budget."""
+    lock_occurrence_row(tx, occurrence_id)
     occurrence = load_occurrence(tx, occurrence_id)
     if occurrence is None:
         raise occurrence_not_found(occurrence_id)
@@ -330,6 +355,7 @@ def reserve_authority_in(
         replayed: AuthorityReservation = existing.replace(deduplicated=True)
         return replayed
     principal = occurrence.authority["principal"]
+    lock_policy(tx, principal)
     policy = _usable_policy(tx, principal, policy_revision)
     _assert_capabilities(occurrence, policy)
     window_started_at = _charge_budget(tx, policy, units)

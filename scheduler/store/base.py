@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from sqlalchemy import Connection
 
-from scheduler.store.session import Clock, Runner, Tx
+from scheduler.store.session import SERVER_CLOCK, Clock, Runner, Tx
 
 T = TypeVar("T")
 
@@ -56,8 +56,14 @@ class StoreBase:
 
     @property
     def clock(self) -> Clock:
-        """The store's clock: a zero-argument callable returning epoch milliseconds."""
+        """The store's clock: a zero-argument callable returning epoch milliseconds (on
+        PostgreSQL with ``clock=None``, a read of the server's ``clock_timestamp()``)."""
+        if self._clock is SERVER_CLOCK:
+            return self._server_now
         return self._clock
+
+    def _server_now(self) -> int:
+        return self._read(lambda tx: tx.now)
 
     @property
     def closed(self) -> bool:

@@ -18,15 +18,44 @@ on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serialize
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Boolean, String, Table
+from sqlalchemy import Boolean, Connection, String, Table
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.visitors import InternalTraversal, _TraverseInternalsType
+
+if TYPE_CHECKING:
+    from scheduler.schema.target import SchemaTarget
+    from scheduler.store.fastpath import FastPath
+
+
+class StoreDialect(Protocol):
+    """What the runners need of a backend (``scheduler.store.dialects.sqlite`` / ``postgresql``)."""
+
+    NAME: str
+
+    def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
+        """Start a transaction the store owns (its first statements)."""
+
+    def ensure_transaction(self, conn: Connection) -> None:
+        """Make sure a caller's transaction is really open before a SAVEPOINT."""
+
+    def driver_in_transaction(self, conn: Connection) -> bool | None:
+        """Whether the driver connection is inside a transaction (``None``: cannot tell)."""
+
+    def server_now(self, conn: Connection) -> int:
+        """The server's clock in epoch ms (PostgreSQL ``clock_timestamp()``)."""
+
+    def key_locks(self, target: SchemaTarget) -> Callable[[Connection, str, list[str]], None] | None:
+        """How ``Tx.lock_keys`` holds keys in ``target`` (``None``: writers are serialized anyway)."""
+
+    def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
+        """(application id, schema version or ``None`` when the ``migrations`` rows tell it)."""
 
 
 class json_text_field(ColumnElement[str]):
@@ -108,4 +137,11 @@ def insert_ignoring_conflict(table: Table, *index_elements: str) -> InsertIgnori
     return InsertIgnoringConflict(table, index_elements)
 
 
-__all__ = ["InsertIgnoringConflict", "glob_match", "greatest", "insert_ignoring_conflict", "json_text_field"]
+__all__ = [
+    "InsertIgnoringConflict",
+    "StoreDialect",
+    "glob_match",
+    "greatest",
+    "insert_ignoring_conflict",
+    "json_text_field",
+]

@@ -23,7 +23,7 @@ from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
 from scheduler.store.runtime_control import RuntimeControlOperations
-from scheduler.store.session import Clock, NestedRunner, OwnedRunner, Runner, Tx
+from scheduler.store.session import SERVER_CLOCK, Clock, NestedRunner, OwnedRunner, Runner, Tx
 from scheduler.store.stats import StatsOperations
 from scheduler.store.worker_reads import WorkerReadOperations
 
@@ -97,7 +97,8 @@ class SchedulerStore(
             raise invalid_argument("connection must be a sqlalchemy.Connection")
         if clock is not None and not callable(clock):
             raise invalid_argument("clock must be a function")
-        chosen_clock = clock or wall_clock
+        on_postgresql = connection.dialect.name == "postgresql"
+        chosen_clock = clock or (SERVER_CLOCK if on_postgresql else wall_clock)
         chosen_uuid = uuid_factory or default_uuid
         dialects.for_connection(connection)
         target = schema_target(connection, schema)

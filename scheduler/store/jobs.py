@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, select, update
 
 from scheduler.contract.canonical import canonical_json, normalize_json
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
@@ -18,6 +18,7 @@ from scheduler.contract.scalars import (
 from scheduler.contract.storable import normalize_key, normalize_stored_authority, normalize_stored_job
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.dialect import insert_ignoring_conflict
 from scheduler.store.fastpath import Prepared
 from scheduler.store.records import Job
 from scheduler.store.rows import map_job
@@ -32,11 +33,25 @@ def not_found(kind: str, identifier: str) -> SchedulerKernelError:
 
 
 _JOB: Final = Prepared(select(t.jobs).where(t.jobs.c.job_id == bindparam("job_id")))
+_JOB_LOCKED: Final = Prepared(select(t.jobs).where(t.jobs.c.job_id == bindparam("job_id")).with_for_update())
+"""The job row, locked until the transaction ends (PostgreSQL; SQLite writers are serialized)."""
+_INSERT_JOB: Final = insert_ignoring_conflict(t.jobs, "job_id")
 _JOB_EXISTS: Final = Prepared(select(t.jobs.c.job_id).where(t.jobs.c.job_id == bindparam("job_id")))
+_LOCK_JOB: Final = Prepared(
+    select(t.jobs.c.job_id).where(t.jobs.c.job_id == bindparam("job_id")).with_for_update()
+)
 
 
-def load_job(tx: Tx, job_id: str) -> Job | None:
-    return map_job(tx.first(_JOB, {"job_id": job_id}))
+def lock_job_row(tx: Tx, job_id: str) -> bool:
+    """Hold the job's row until the transaction ends (PostgreSQL ``FOR UPDATE``; on SQLite the
+    write transaction already excludes other writers); whether it exists."""
+    return tx.first(_LOCK_JOB, {"job_id": job_id}) is not None
+
+
+def load_job(tx: Tx, job_id: str, *, lock: bool = False) -> Job | None:
+    """The job, or ``None``; ``lock`` holds its row for the rest of the transaction (the row
+    that decides a compare-and-set update or a once-per-trigger enqueue)."""
+    return map_job(tx.first(_JOB_LOCKED if lock else _JOB, {"job_id": job_id}))
 
 
 def _job_values(job: dict[str, Any]) -> dict[str, Any]:
@@ -52,13 +67,12 @@ def _job_values(job: dict[str, Any]) -> dict[str, Any]:
 
 def create_job_in(tx: Tx, job: dict[str, Any]) -> Job:
     """Insert a normalized wire-format job at revision 1 and record ``job_created``."""
+    conflict = SchedulerKernelError("SCHEDULER_CONFLICT", f"Scheduler job already exists: {job['id']}")
     if tx.first(_JOB_EXISTS, {"job_id": job["id"]}) is not None:
-        raise SchedulerKernelError("SCHEDULER_CONFLICT", f"Scheduler job already exists: {job['id']}")
-    tx.execute(
-        insert(t.jobs).values(
-            job_id=job["id"], revision=1, created_at=tx.now, updated_at=tx.now, **_job_values(job)
-        )
-    )
+        raise conflict
+    values = {"job_id": job["id"], "revision": 1, "created_at": tx.now, "updated_at": tx.now}
+    if tx.changes(_INSERT_JOB.values(**values, **_job_values(job))) != 1:
+        raise conflict  # a concurrent create_job committed the same id first (PostgreSQL)
     tx.append_event(job_id=job["id"], type="job_created", data={"revision": 1})
     created = load_job(tx, job["id"])
     assert created is not None
@@ -67,7 +81,7 @@ def create_job_in(tx: Tx, job: dict[str, Any]) -> Job:
 
 def update_job_in(tx: Tx, job_id: str, expected_revision: int, patch: dict[str, Any]) -> Job:
     """Apply a normalized patch if the job is still at ``expected_revision``; record ``job_updated``."""
-    current = load_job(tx, job_id)
+    current = load_job(tx, job_id, lock=True)
     if current is None:
         raise not_found("job", job_id)
     if current.revision != expected_revision:

@@ -18,7 +18,7 @@ from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
 from scheduler.store.fastpath import Prepared
-from scheduler.store.jobs import not_found
+from scheduler.store.jobs import lock_job_row, not_found
 from scheduler.store.occurrence_rows import (
     EventLog,
     chunks,
@@ -203,8 +203,18 @@ def _enqueued(events: EventLog, values: dict[str, Any]) -> None:
     )
 
 
+ENQUEUE_LOCKS: Final = "enqueue"
+
+
+def _identity_lock(request: EnqueueRequest) -> str:
+    """The key an enqueue holds (``Tx.lock_keys``): every identity of the same job, time and
+    trigger key, whatever the job's revision, so two writers of one identity run one at a time."""
+    return f"{request.job_id}\x1f{request.scheduled_for}\x1f{request.trigger_key}"
+
+
 def enqueue_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     """Insert the occurrence unless its identity exists; ``deduplicated`` tells which happened."""
+    tx.lock_keys(ENQUEUE_LOCKS, [_identity_lock(request)])
     values = _plan(tx, request, _JobCache())
     if tx.changes(_INSERT, values) == 1:
         events = EventLog(tx)
@@ -219,6 +229,7 @@ def enqueue_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
 
 def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurrence]:
     """``enqueue_in`` for each request in order: one lookup of existing identities, one insert."""
+    tx.lock_keys(ENQUEUE_LOCKS, map(_identity_lock, requests))
     jobs = _JobCache()
     planned: list[_Planned] = []
     for request in requests:
@@ -264,7 +275,11 @@ def list_by_trigger(tx: Tx, job_id: str, trigger_key: str, limit: int) -> list[O
 
 
 def enqueue_once_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
-    """Return any earlier occurrence of the job + trigger (no payload check), else enqueue."""
+    """Return any earlier occurrence of the job + trigger (no payload check), else enqueue.
+
+    The job's row is locked first, so concurrent calls for one job run one at a time and a tick
+    is enqueued once."""
+    lock_job_row(tx, request.job_id)
     prior = tx.all(_BY_TRIGGER, {"job_id": request.job_id, "trigger_key": request.trigger_key, "limit": 2})
     if len(prior) > 1:
         raise data_corrupt("Multiple occurrences exist for a unique job trigger")

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEOUT_MS
@@ -22,7 +23,7 @@ from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
-from scheduler.store import files
+from scheduler.store import files, opening_postgresql
 from scheduler.store.clock import wall_clock
 from scheduler.store.dialects.sqlite import (
     CHECKPOINT_ON_CLOSE,
@@ -31,9 +32,10 @@ from scheduler.store.dialects.sqlite import (
     JOURNAL_MODE,
     open_pragmas,
 )
+from scheduler.store.dialects.sqlite import begin_transaction as begin_sqlite_transaction
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.failures import classify_storage_failure
-from scheduler.store.session import Clock, OwnedRunner, begin_sqlite_transaction
+from scheduler.store.session import SERVER_CLOCK, Clock, OwnedRunner
 
 log = logging.getLogger("scheduler.store")
 
@@ -80,6 +82,7 @@ def _absolute(path: Path) -> Path:
 def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
     """(url, file path or None for memory/foreign, engine) for an ``open_store`` target."""
     if isinstance(target, Engine):
+        opening_postgresql.check_engine(target)
         database = target.url.database
         is_file = target.dialect.name == "sqlite" and database not in (None, "", MEMORY)
         return None, _absolute(Path(database)) if is_file and database else None, target
@@ -88,9 +91,14 @@ def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
     if isinstance(target, str) and target == MEMORY:
         return "sqlite+pysqlite://", None, None
     if isinstance(target, str) and "://" in target:
-        url = make_url(target)
+        try:
+            url = make_url(target)
+        except ArgumentError as cause:
+            raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
+        if url.get_backend_name() in opening_postgresql.BACKEND_NAMES:
+            return opening_postgresql.psycopg_url(url).render_as_string(hide_password=False), None, None
         if url.get_backend_name() != "sqlite":
-            raise invalid_argument("only SQLite databases are supported by this version")
+            raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
         if url.database in (None, "", MEMORY):
             return target, None, None
         return target, _absolute(Path(url.database)), None
@@ -318,8 +326,18 @@ def open_store(
     left byte-for-byte untouched.
     """
     valid_clock, timeout_ms, valid_uuid = _validate_options(clock, busy_timeout_ms, uuid_factory)
-    now = normalize_epoch_ms(valid_clock(), "clock result")
     url, path, given_engine = _resolve(target)
+    backend = given_engine.dialect.name if given_engine else make_url(str(url)).get_backend_name()
+    if backend == "postgresql":
+        return _open_postgresql(
+            url,
+            given_engine,
+            valid_clock if clock is not None else SERVER_CLOCK,
+            timeout_ms,
+            valid_uuid,
+            schema,
+        )
+    now = normalize_epoch_ms(valid_clock(), "clock result")
     progress = _OpenProgress()
     try:
         if path is not None:
@@ -349,3 +367,33 @@ def open_store(
 
     runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)
+
+
+def _open_postgresql(
+    url: str | None,
+    given_engine: Engine | None,
+    clock: Clock,
+    timeout_ms: int,
+    uuid_factory: Callable[[], str],
+    schema: str | None,
+) -> SchedulerStore:
+    """``open_store`` on PostgreSQL (``opening_postgresql``); ``clock`` may be ``SERVER_CLOCK``."""
+    engine = given_engine or opening_postgresql.own_engine(str(url))
+    try:
+        conn, place = opening_postgresql.connect(engine, timeout_ms, clock, schema)
+    except BaseException as cause:
+        if given_engine is None:
+            engine.dispose()
+        failure = _open_failure(cause, _OpenProgress())
+        if failure is cause:
+            raise
+        raise failure from (cause.__cause__ if isinstance(cause, SchedulerKernelError) else cause)
+
+    def close() -> None:
+        opening_postgresql.release(conn)
+        if given_engine is None:
+            with suppress(Exception):
+                engine.dispose()
+
+    runner = OwnedRunner(conn, clock, uuid_factory, target=place)
+    return SchedulerStore(runner, clock=clock, uuid_factory=uuid_factory, on_close=close)

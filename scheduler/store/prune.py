@@ -220,7 +220,7 @@ class PruneOperations(StoreBase):
         if max_batches is not None and (type(max_batches) is not int or max_batches < 1):
             raise invalid_argument("maxBatches must be a positive integer")
         self._assert_open()
-        now = normalize_epoch_ms(self._clock(), "clock result")
+        now = normalize_epoch_ms(self.clock(), "clock result")
         counts = dict.fromkeys(("occurrences", *_CHILDREN), 0)
         progress = _Pass(max(0, now - age), now, batch_size, dry_run, counts)
         run = self._read if dry_run else self._write

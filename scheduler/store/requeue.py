@@ -15,7 +15,12 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import assert_positive_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
-from scheduler.store.authority import load_occurrence, load_occurrence_row, occurrence_not_found
+from scheduler.store.authority import (
+    load_occurrence,
+    load_occurrence_row,
+    lock_occurrence_row,
+    occurrence_not_found,
+)
 from scheduler.store.base import StoreBase
 from scheduler.store.records import Occurrence, RequeueResult
 from scheduler.store.rows import read_optional_json
@@ -50,6 +55,7 @@ def requeue_dead_letter_in(
     tx: Tx, occurrence_id: str, fence: int, error_code: str, request_id: str
 ) -> RequeueResult:
     """Send a dead letter back to ``retry_wait`` if it is still the one the caller inspected."""
+    lock_occurrence_row(tx, occurrence_id)
     replay = _deduplicated(tx, occurrence_id, fence, error_code, request_id)
     if replay is not None:
         return replay

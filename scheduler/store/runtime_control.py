@@ -34,7 +34,12 @@ from scheduler.contract.scalars import (
 )
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
-from scheduler.store.authority import load_occurrence, load_occurrence_row, occurrence_not_found
+from scheduler.store.authority import (
+    load_occurrence,
+    load_occurrence_row,
+    lock_occurrence_row,
+    occurrence_not_found,
+)
 from scheduler.store.records import ControlResult, OccurrenceControl, RuntimeControlOccurrence
 from scheduler.store.requeue import RequeueOperations
 from scheduler.store.runtime_reads import (
@@ -47,6 +52,8 @@ from scheduler.store.runtime_reads import (
 )
 from scheduler.store.session import Tx
 from scheduler.store.settlement import lease_lost
+
+RESUME_REQUEST_LOCKS = "resume_request"
 
 __all__ = [
     "RuntimeControlOperations",
@@ -195,6 +202,7 @@ def _write_pause_request(
 
 def request_occurrence_pause_in(tx: Tx, occurrence_id: str, request: dict[str, Any]) -> OccurrenceControl:
     """Ask the running owner to pause at a declared safe point (idempotent by request id)."""
+    lock_occurrence_row(tx, occurrence_id)
     occurrence = load_occurrence_row(tx, occurrence_id)
     if occurrence is None:
         raise occurrence_not_found(occurrence_id)
@@ -309,6 +317,7 @@ def _mark_paused(tx: Tx, occurrence_id: str, ack: dict[str, Any]) -> None:
 
 def ack_occurrence_pause_in(tx: Tx, occurrence_id: str, ack: dict[str, Any]) -> ControlResult:
     """The owner confirms the pause: store the checkpoint, park the occurrence without using an attempt."""
+    lock_occurrence_row(tx, occurrence_id)
     occurrence, control = _loaded_pair(tx, occurrence_id)
     _assert_ack(tx, occurrence, control, ack)
     _park_occurrence(tx, occurrence_id, ack)
@@ -351,7 +360,11 @@ def _assert_resumable(occurrence: Row[Any], control: OccurrenceControl, revision
 
 
 def resume_occurrence_in(tx: Tx, occurrence_id: str, revision: int, request_id: str) -> ControlResult:
-    """Make a paused occurrence claimable again (idempotent by resume request id)."""
+    """Make a paused occurrence claimable again (idempotent by resume request id).
+
+    The request id is held first (it binds to one occurrence), then the occurrence's row."""
+    tx.lock_keys(RESUME_REQUEST_LOCKS, [request_id])
+    lock_occurrence_row(tx, occurrence_id)
     occurrence, control = _loaded_pair(tx, occurrence_id)
     c = t.occurrence_controls
     owner = tx.first(select(c.c.occurrence_id).where(c.c.resume_request_id == request_id))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final, Protocol, TypeVar, overload
 
@@ -28,8 +28,9 @@ from scheduler.contract.canonical import canonical_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
-from scheduler.schema.target import SchemaTarget
-from scheduler.store import lifecycle
+from scheduler.schema.target import DEFAULT_SCHEMAS, SchemaTarget
+from scheduler.store import dialects, lifecycle
+from scheduler.store.dialect import StoreDialect
 from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, storage_unavailable
 from scheduler.store.fastpath import FastPath, Prepared
@@ -37,6 +38,15 @@ from scheduler.store.telemetry import StateChanges, collect, emit_all
 
 T = TypeVar("T")
 Clock = Callable[[], int]
+KeyLocks = Callable[[Connection, str, list[str]], None]
+
+
+def _server_clock_marker() -> int:
+    raise RuntimeError("the server clock is read inside a transaction (Tx.now)")
+
+
+SERVER_CLOCK: Final[Clock] = _server_clock_marker
+"""The runner clock meaning "the database server's clock" (PostgreSQL with ``clock=None``)."""
 EVENT_INSERT: Final = Prepared(insert(t.events))
 """One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
 
@@ -50,23 +60,47 @@ class Tx:
     ``schema_translate_map`` per statement, so a caller's connection is never altered).
     """
 
-    __slots__ = ("_fast", "_uuid_factory", "conn", "events", "now", "options")
+    __slots__ = ("_fast", "_key_locks", "_now", "_sampler", "_uuid_factory", "conn", "events", "options")
 
     def __init__(
         self,
         conn: Connection,
-        now: int,
+        now: int | None,
         uuid_factory: Callable[[], str],
         fast: FastPath | None = None,
         options: dict[str, Any] | None = None,
+        sampler: Clock | None = None,
+        key_locks: KeyLocks | None = None,
     ) -> None:
         self.conn = conn
-        self.now = now
+        self._now = now
+        self._sampler = sampler
+        self._key_locks = key_locks
         self._uuid_factory = uuid_factory
         self._fast = fast
         self.options = options
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
+
+    @property
+    def now(self) -> int:
+        """The call's time in epoch ms: the injected clock's sample taken when the transaction
+        began, or the server clock (PostgreSQL, ``clock=None``) read once, on first use, which
+        the operations reach only after locking the rows they decide on (API §8)."""
+        now = self._now
+        if now is None:
+            if self._sampler is None:
+                raise RuntimeError("this transaction was opened without a clock sample")
+            now = self._now = _sample_clock(self._sampler)
+        return now
+
+    def lock_keys(self, scope: str, keys: Iterable[str]) -> None:
+        """Hold ``keys`` of ``scope`` until the transaction ends: a concurrent transaction locking
+        one of them waits, so a read-check-create step on a row that may not exist yet runs as in
+        some serial order. PostgreSQL: advisory transaction locks, taken in sorted order; SQLite:
+        nothing (``BEGIN IMMEDIATE`` already serializes writers)."""
+        if self._key_locks is not None:
+            self._key_locks(self.conn, scope, sorted(set(keys)))
 
     def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
         fast = self._fast
@@ -163,34 +197,18 @@ class Runner(Protocol):
 
 def statement_options(target: SchemaTarget) -> dict[str, Any] | None:
     """Per-statement execution options sending Core statements to ``target``'s schema
-    (``None`` for SQLite ``main``: the original's unqualified statements)."""
+    (``None`` for SQLite ``main``: the original's unqualified statements). On PostgreSQL they
+    also keep the driver's row count of an INSERT (``Tx.changes``), which SQLAlchemy drops
+    unless asked."""
     mapping = target.translate_map
-    return None if mapping is None else {"schema_translate_map": mapping}
+    options: dict[str, Any] = {} if mapping is None else {"schema_translate_map": mapping}
+    if target.is_postgresql:
+        options["preserve_rowcount"] = True
+    return options or None
 
 
 def _sample_clock(clock: Clock) -> int:
     return normalize_epoch_ms(clock(), "clock result")
-
-
-def begin_sqlite_transaction(
-    conn: Connection, begin: str = BEGIN_WRITE, fast: FastPath | None = None
-) -> None:
-    """Start the SQLite transaction explicitly unless the engine's own "begin" hook already did.
-
-    (SQLAlchemy's pysqlite recipe emits BEGIN from a "begin" event; a second BEGIN would fail.)
-    """
-    if fast is not None:
-        if not fast.in_transaction():
-            fast.run_driver_sql(conn, begin)
-    elif _dbapi_in_transaction(conn) is not True:
-        conn.exec_driver_sql(begin)
-
-
-def _dbapi_in_transaction(conn: Connection) -> bool | None:
-    try:
-        return bool(conn.connection.dbapi_connection.in_transaction)  # type: ignore[union-attr]
-    except Exception:
-        return None
 
 
 class _Base:
@@ -215,8 +233,10 @@ class _Base:
         self.clock = clock
         self.uuid_factory = uuid_factory
         self.lock = lock or threading.RLock()
-        self.target = target or SchemaTarget(conn.dialect.name, "main")
+        self.dialect: StoreDialect = dialects.for_connection(conn)
+        self.target = target or SchemaTarget(conn.dialect.name, DEFAULT_SCHEMAS[conn.dialect.name])
         self.options = statement_options(self.target)
+        self.key_locks = self.dialect.key_locks(self.target)
         self._owns_fastpath = fastpath is None
         self.fastpath = fastpath or FastPath.for_connection(conn, self.target.translate_map)
         self._pid = os.getpid()
@@ -291,8 +311,12 @@ class _Base:
         return fast if fast is not None and fast.usable(self.conn) else None
 
     def _tx(self, sample_clock: bool, fast: FastPath | None) -> Tx:
+        locks = self.key_locks
+        if self.clock is SERVER_CLOCK:
+            conn, now_of = self.conn, self.dialect.server_now
+            return Tx(conn, None, self.uuid_factory, fast, self.options, lambda: now_of(conn), locks)
         now = _sample_clock(self.clock) if sample_clock else 0
-        return Tx(self.conn, now, self.uuid_factory, fast, self.options)
+        return Tx(self.conn, now, self.uuid_factory, fast, self.options, None, locks)
 
     def _child(self) -> NestedRunner:
         """A runner for the operations of a block, sharing this connection, lock and fast path;
@@ -327,7 +351,7 @@ class OwnedRunner(_Base):
         transaction = self.conn.begin()
         try:
             fast = self._usable_fastpath()
-            begin_sqlite_transaction(self.conn, begin, fast)
+            self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
             tx = self._tx(sample_clock, fast)
             result = operation(tx)
             returned = True
@@ -352,11 +376,12 @@ class OwnedRunner(_Base):
         # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
         with suppress(Exception):
             transaction.rollback()
-        if _dbapi_in_transaction(self.conn):
+        in_transaction = self.dialect.driver_in_transaction
+        if in_transaction(self.conn):
             # SQLAlchemy skips the driver rollback of an inactive transaction: do not keep the lock.
             with suppress(Exception):
                 self.conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
-        return _dbapi_in_transaction(self.conn) is False
+        return in_transaction(self.conn) is False
 
     @contextmanager
     def outer_transaction(self) -> Iterator[NestedRunner]:
@@ -385,7 +410,7 @@ class OwnedRunner(_Base):
     def _begin_block(self) -> tuple[Any, NestedRunner]:
         transaction = self.conn.begin()
         try:
-            begin_sqlite_transaction(self.conn)
+            self.dialect.begin(self.conn, write=True, fast=None)
         except Exception as error:  # e.g. SQLITE_BUSY: nothing ran yet, the block may be retried
             closed = self._rollback(transaction)
             classified = classify_storage_failure(
@@ -453,7 +478,7 @@ class NestedRunner(_Base):
         """No transaction to join: SQLite's driver has none open (pysqlite begins lazily), or
         the connection is outside any transaction (other drivers)."""
         if self.conn.dialect.name == "sqlite":
-            return _dbapi_in_transaction(self.conn) is False
+            return self.dialect.driver_in_transaction(self.conn) is False
         return not self.conn.in_transaction()
 
     def _read_in_own_snapshot(self, operation: Callable[[Tx], T]) -> T:
@@ -513,7 +538,7 @@ class NestedRunner(_Base):
                 raise
             # On SQLITE_FULL / IOERR SQLite may roll back the whole enclosing transaction
             # itself: the savepoint is gone, but provably nothing of it was committed.
-            enclosing_gone = not rolled_back and _dbapi_in_transaction(self.conn) is False
+            enclosing_gone = not rolled_back and self.dialect.driver_in_transaction(self.conn) is False
             classified = classify_storage_failure(
                 error,
                 phase="write",
@@ -576,7 +601,4 @@ class NestedRunner(_Base):
             raise classified from error
 
     def _ensure_sqlite_transaction(self) -> None:
-        # pysqlite starts its implicit transaction lazily; a SAVEPOINT opened outside one would
-        # become the outermost transaction and its RELEASE would commit the caller's work.
-        if self.conn.dialect.name == "sqlite" and _dbapi_in_transaction(self.conn) is False:
-            self.conn.exec_driver_sql(BEGIN_WRITE)
+        self.dialect.ensure_transaction(self.conn)

@@ -150,7 +150,7 @@ class StatsOperations(StoreBase):
         """Queue depth by kind and status, the oldest due occurrence, leases, dead letters and
         adjudications, read in one snapshot at the store clock's ``now``."""
         self._assert_open()
-        now = normalize_epoch_ms(self._clock(), "clock result")
+        now = normalize_epoch_ms(self.clock(), "clock result")
         return self._read(lambda tx: stats_in(tx, now))
 
     def queue_depth(self) -> list[tuple[str, str, int]]:

@@ -5,14 +5,19 @@
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import String
+from sqlalchemy import Connection, String
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from scheduler.schema.checks import glob_to_regex
+from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID
+from scheduler.schema.target import SchemaTarget
 from scheduler.store.dialect import glob_match, greatest, json_text_field
+from scheduler.store.fastpath import FastPath
 
 NAME: Final = "postgresql"
 
@@ -39,3 +44,97 @@ def _glob_match(element: glob_match, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(greatest, "postgresql")
 def _greatest(element: greatest, compiler: SQLCompiler, **kw: Any) -> str:
     return f"GREATEST({compiler.process(element.clauses, **kw)})"
+
+
+# ----------------------------------------------------------------- transactions
+
+# The server's clock in epoch milliseconds: clock_timestamp() is the real time of the call (now()
+# would be the transaction's start, possibly before a lock wait).
+SERVER_NOW_SQL: Final = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+READ_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+ISOLATION_LEVEL: Final = "READ COMMITTED"
+"""Every write transaction runs READ COMMITTED and locks the rows that decide its result."""
+
+
+# libpq's PQtransactionStatus values (psycopg.pq.TransactionStatus; psycopg is an optional extra,
+# so this module does not import it).
+_IDLE: Final = 0
+_UNKNOWN: Final = 4
+
+
+def _transaction_status(conn: Connection) -> int | None:
+    dbapi: Any = conn.connection.dbapi_connection
+    try:
+        return int(dbapi.info.transaction_status)
+    except Exception:
+        return None
+
+
+def driver_in_transaction(conn: Connection) -> bool | None:
+    """Whether psycopg's connection is inside a transaction block. A closed or broken
+    connection is not: the server rolls back whatever it had not committed."""
+    status = _transaction_status(conn)
+    if status is None:
+        return None
+    if getattr(conn.connection.dbapi_connection, "closed", False) or status == _UNKNOWN:
+        return False
+    return status != _IDLE
+
+
+def begin(conn: Connection, *, write: bool, fast: FastPath | None) -> None:
+    """The start of a transaction the store owns (psycopg sends ``BEGIN`` with the first statement).
+
+    Writes run READ COMMITTED (the connection's level) with row locks; a read is one
+    ``REPEATABLE READ, READ ONLY`` snapshot, like SQLite's deferred ``BEGIN``. The lock timeout is
+    a setting of the store's own connection (:func:`lock_timeout_sql`).
+    """
+    if not write:
+        conn.exec_driver_sql(READ_SNAPSHOT_SQL)
+
+
+def ensure_transaction(conn: Connection) -> None:
+    """psycopg (not in autocommit) opens a transaction block before a SAVEPOINT by itself."""
+
+
+def server_now(conn: Connection) -> int:
+    """``clock_timestamp()`` in epoch milliseconds."""
+    return int(conn.exec_driver_sql(SERVER_NOW_SQL).scalar_one())
+
+
+_KEY_LOCKS_SQL: Final = (
+    "SELECT pg_advisory_xact_lock(%(space)s, hashtext(k)) "
+    "FROM unnest(CAST(%(keys)s AS text[])) WITH ORDINALITY AS keys(k, n) ORDER BY n"
+)
+
+
+def key_space(schema: str, scope: str) -> int:
+    """The int4 first half of an advisory lock key: one space per schema and scope."""
+    return zlib.crc32(f"{schema}\x00{scope}".encode()) - 2**31
+
+
+def key_locks(target: SchemaTarget) -> Callable[[Connection, str, list[str]], None]:
+    """``pg_advisory_xact_lock(space, hashtext(key))`` for each key, in the given (sorted) order,
+    so two transactions locking overlapping keys cannot deadlock on them. A hash collision only
+    makes unrelated keys wait for each other."""
+    schema = target.schema
+
+    def lock(conn: Connection, scope: str, keys: list[str]) -> None:
+        if keys:
+            conn.exec_driver_sql(_KEY_LOCKS_SQL, {"space": key_space(schema, scope), "keys": keys}).all()
+
+    return lock
+
+
+def lock_timeout_sql(timeout_ms: int) -> str:
+    """``SET lock_timeout`` for ``busy_timeout_ms`` (0 means "do not wait": 1 ms, since
+    PostgreSQL's 0 would mean "wait forever")."""
+    return f"SET lock_timeout = '{max(1, int(timeout_ms))}ms'"
+
+
+RESET_LOCK_TIMEOUT_SQL: Final = "RESET lock_timeout"
+
+
+def schema_header(conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
+    """A PostgreSQL schema has no header: the application id is the scheduler's own (the schema
+    holds nothing else) and the version is the ``migrations`` history."""
+    return SCHEDULER_APPLICATION_ID, None

@@ -15,6 +15,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.dialect import glob_match, greatest, json_text_field
+from scheduler.store.fastpath import FastPath
 
 NAME: Final = "sqlite"
 
@@ -79,6 +80,53 @@ CHECKPOINT_ON_CLOSE = "PRAGMA wal_checkpoint(TRUNCATE)"
 DURABILITY_PRAGMAS = ("PRAGMA synchronous = FULL",)
 BEGIN_WRITE = "BEGIN IMMEDIATE"
 BEGIN_READ = "BEGIN"
+
+
+# ----------------------------------------------------------------- transactions
+
+
+def driver_in_transaction(conn: Connection) -> bool | None:
+    """Whether the pysqlite connection is inside a transaction (``None``: cannot tell)."""
+    try:
+        return bool(conn.connection.dbapi_connection.in_transaction)  # type: ignore[union-attr]
+    except Exception:
+        return None
+
+
+def begin_transaction(conn: Connection, begin: str = BEGIN_WRITE, fast: FastPath | None = None) -> None:
+    """Start the SQLite transaction explicitly unless the engine's own "begin" hook already did.
+
+    (SQLAlchemy's pysqlite recipe emits BEGIN from a "begin" event; a second BEGIN would fail.)
+    """
+    if fast is not None:
+        if not fast.in_transaction():
+            fast.run_driver_sql(conn, begin)
+    elif driver_in_transaction(conn) is not True:
+        conn.exec_driver_sql(begin)
+
+
+def begin(conn: Connection, *, write: bool, fast: FastPath | None) -> None:
+    """The start of a transaction the store owns: ``BEGIN IMMEDIATE`` (write) or ``BEGIN``
+    (one read snapshot). Waiting for the lock is the connection's ``busy_timeout``."""
+    begin_transaction(conn, BEGIN_WRITE if write else BEGIN_READ, fast)
+
+
+def ensure_transaction(conn: Connection) -> None:
+    """Before a SAVEPOINT in a caller's transaction: pysqlite starts its implicit transaction
+    lazily, and a SAVEPOINT opened outside one would become the outermost transaction whose
+    RELEASE commits the caller's work."""
+    if driver_in_transaction(conn) is False:
+        conn.exec_driver_sql(BEGIN_WRITE)
+
+
+def key_locks(target: SchemaTarget) -> None:
+    """No key locks: ``BEGIN IMMEDIATE`` serializes every write transaction of the file."""
+    return None
+
+
+def server_now(conn: Connection) -> int:
+    """SQLite has no server: ``clock=None`` is the local wall clock (never called)."""
+    raise NotImplementedError("SQLite stores use the local wall clock")
 
 
 # ----------------------------------------------------------------- catalog reads

@@ -185,8 +185,29 @@ def _insert_attempt(tx: Tx, plan: MigrationPlan) -> str:
     return migration_id
 
 
+MIGRATION_LOCKS: Final = "domain_migration"
+SOURCE_LOCKS: Final = "domain_migration_source"
+TARGET_LOCKS: Final = "domain_migration_target"
+
+
+def lock_migration(tx: Tx, migration_id: str) -> None:
+    """Hold one migration's journal until the transaction ends (``Tx.lock_keys``)."""
+    tx.lock_keys(MIGRATION_LOCKS, [migration_id])
+
+
+def _lock_plan(tx: Tx, plan: MigrationPlan) -> None:
+    """Hold every source and target of a plan: two ``prepare`` calls naming one of them run one
+    after the other, so the second finds the first's active migration."""
+    sources = [
+        f"{entry.domain}\x1f{entry.source_scope_digest}\x1f{entry.source_id}" for entry in plan.entries
+    ]
+    tx.lock_keys(SOURCE_LOCKS, sources)
+    tx.lock_keys(TARGET_LOCKS, [entry.target_job_id for entry in plan.entries])
+
+
 def prepare(tx: Tx, plan: MigrationPlan) -> DomainMigration:
     """Journal a new attempt, or return the active migration of the same plan (``deduplicated``)."""
+    _lock_plan(tx, plan)
     active_ids = _active_migration_ids(tx, plan)
     if len(active_ids) > 1:
         raise migration_error(

@@ -7,7 +7,7 @@ transition of ``journal.py`` in one write transaction, or one read.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.contract.constants import SCHEDULER_MIGRATION_DOMAINS, SCHEDULER_MIGRATION_STATES
 from scheduler.contract.digests import scheduler_migration_scope_digest, scheduler_migration_source_digest
@@ -21,6 +21,8 @@ from scheduler.store.migrations.mapping import map_domain_migration
 from scheduler.store.migrations.plan import normalize_domain_migration_plan
 from scheduler.store.records import DomainMigration, DomainMigrationEntry
 from scheduler.store.session import Tx
+
+T = TypeVar("T")
 
 DEFAULT_MIGRATION_LIST_LIMIT = 50
 MAX_MIGRATION_LIST_LIMIT = 200
@@ -67,6 +69,16 @@ def _list_state(state: object) -> str | None:
 class DomainMigrationOperations(StoreBase):
     """Public methods of ``SchedulerStore`` for the domain migration journal."""
 
+    def _migration_write(self, migration_id: str, operation: Callable[[Tx], T]) -> T:
+        """A write on one migration: its journal is held first, so concurrent calls on the same
+        migration run as in some serial order (``journal.lock_migration``)."""
+
+        def locked(tx: Tx) -> T:
+            journal.lock_migration(tx, migration_id)
+            return operation(tx)
+
+        return self._write(locked)
+
     def prepare_domain_migration(self, plan: Any) -> DomainMigration:
         """Journal a plan ``{"entries": [...]}`` as a new attempt (or return the active one)."""
         normalized = normalize_domain_migration_plan(plan)
@@ -75,18 +87,18 @@ class DomainMigrationOperations(StoreBase):
     def apply_domain_migration(self, migration_id: str) -> DomainMigration:
         """Create, update or reuse every target job, staged disabled."""
         identifier = _migration_id(migration_id)
-        return self._write(lambda tx: journal.apply(tx, identifier))
+        return self._migration_write(identifier, lambda tx: journal.apply(tx, identifier))
 
     def verify_domain_migration(self, migration_id: str, *, sources: Any) -> DomainMigration:
         """Check every legacy source (``[{"entryId", "source"}]``) and target is unchanged."""
         identifier = _migration_id(migration_id)
         supplied = _supplied_sources(sources)
-        return self._write(lambda tx: journal.verify(tx, identifier, supplied))
+        return self._migration_write(identifier, lambda tx: journal.verify(tx, identifier, supplied))
 
     def begin_domain_migration_retirement(self, migration_id: str) -> DomainMigration:
         """Issue one retirement token per entry."""
         identifier = _migration_id(migration_id)
-        return self._write(lambda tx: journal.begin_retirement(tx, identifier))
+        return self._migration_write(identifier, lambda tx: journal.begin_retirement(tx, identifier))
 
     def confirm_domain_migration_entry_retired(
         self, *, migration_id: str, entry_id: str, retirement_token: str, source: Any
@@ -96,17 +108,19 @@ class DomainMigrationOperations(StoreBase):
         entry = normalize_key(entry_id, "entryId")
         token = normalize_key(retirement_token, "retirementToken")
         digest = scheduler_migration_source_digest(source)
-        return self._write(lambda tx: journal.confirm_retired(tx, identifier, entry, token, digest))
+        return self._migration_write(
+            identifier, lambda tx: journal.confirm_retired(tx, identifier, entry, token, digest)
+        )
 
     def begin_domain_migration_rollback(self, migration_id: str) -> DomainMigration:
         """Enter ``rolling_back`` and roll every target back (disable or restore)."""
         identifier = _migration_id(migration_id)
-        return self._write(lambda tx: journal.begin_rollback(tx, identifier))
+        return self._migration_write(identifier, lambda tx: journal.begin_rollback(tx, identifier))
 
     def rollback_domain_migration_targets(self, migration_id: str) -> DomainMigration:
         """Repeat the target rollback of a migration that is rolling back."""
         identifier = _migration_id(migration_id)
-        return self._write(lambda tx: journal.continue_rollback(tx, identifier))
+        return self._migration_write(identifier, lambda tx: journal.continue_rollback(tx, identifier))
 
     def restore_domain_migration_entry_source(
         self,
@@ -126,7 +140,9 @@ class DomainMigrationOperations(StoreBase):
         identifier = _migration_id(migration_id)
         entry = normalize_key(entry_id, "entryId")
         token = _optional_token(retirement_token)
-        return self._write(lambda tx: journal.restore_source(tx, identifier, entry, token, restore_source))
+        return self._migration_write(
+            identifier, lambda tx: journal.restore_source(tx, identifier, entry, token, restore_source)
+        )
 
     def confirm_domain_migration_entry_source_restored(
         self, *, migration_id: str, entry_id: str, retirement_token: str | None = None, source: Any
@@ -183,6 +199,6 @@ class DomainMigrationOperations(StoreBase):
         entry = normalize_key(entry_id, "entryId")
         digest = normalize_sha256_digest(expected_source_digest, "expectedSourceDigest")
         target = normalize_key(expected_target_job_id, "expectedTargetJobId")
-        return self._write(
-            lambda tx: journal.bind_locator(tx, identifier, entry, source_locator, digest, target)
+        return self._migration_write(
+            identifier, lambda tx: journal.bind_locator(tx, identifier, entry, source_locator, digest, target)
         )

@@ -83,7 +83,7 @@ def stage_target(tx: Tx, migration: DomainMigration, entry: DomainMigrationEntry
     target = intended_target(migration, entry.entry_id)
     if target["id"] != entry.target_job_id or job_digest(target) != entry.target_job_digest:
         raise data_corrupt("Scheduler migration target does not match its stored digest")
-    current = load_job(tx, entry.target_job_id)
+    current = load_job(tx, entry.target_job_id, lock=True)
     target = staged(target)
     occurrences, events = evidence_counts(tx, entry.target_job_id)
     if current is None:
@@ -101,7 +101,7 @@ def stage_target(tx: Tx, migration: DomainMigration, entry: DomainMigrationEntry
 
 def assert_target_staged(tx: Tx, migration: DomainMigration, entry: DomainMigrationEntry) -> None:
     """Verification: the target is still exactly what apply left (revision and definition)."""
-    job = load_job(tx, entry.target_job_id)
+    job = load_job(tx, entry.target_job_id, lock=True)
     staged_digest = job_digest(staged(intended_target(migration, entry.entry_id)))
     if job is None or job.revision != entry.target_applied_revision or job_digest(job) != staged_digest:
         raise migration_error(
@@ -128,7 +128,7 @@ def plan_activations(tx: Tx, migration: DomainMigration) -> tuple[list[Activatio
     already_active: dict[str, int] = {}
     for entry in migration.entries or ():
         intended = intended_target(migration, entry.entry_id)
-        current = load_job(tx, entry.target_job_id)
+        current = load_job(tx, entry.target_job_id, lock=True)
         if current is not None and job_digest(current) == entry.target_job_digest:
             already_active[entry.entry_id] = current.revision
             continue
@@ -224,7 +224,7 @@ def is_expected_rollback_target(entry: DomainMigrationEntry, current: Job, targe
 
 def assert_rollback_target(tx: Tx, migration: DomainMigration, entry: DomainMigrationEntry) -> None:
     """A rolled-back target is unchanged since (revision and definition) and was never executed."""
-    current = load_job(tx, entry.target_job_id)
+    current = load_job(tx, entry.target_job_id, lock=True)
     candidates = [c for c in migration.manifest["entries"] if c.get("entryId") == entry.entry_id]
     if (
         current is None

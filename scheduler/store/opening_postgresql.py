@@ -1,0 +1,96 @@
+"""``open_store`` on PostgreSQL (psycopg 3): the URL or Engine, the store's connection, v6.
+
+The store's connection runs READ COMMITTED with ``lock_timeout`` set from ``busy_timeout_ms``;
+opening creates the schema (empty → v6 in one transaction, serialized between processes by the
+schema layer's advisory lock) or upgrades it, and verifies the catalog every time. The
+connection goes back to its pool as it came (isolation level by SQLAlchemy, lock timeout reset).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import suppress
+from typing import Final
+
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
+
+from scheduler.contract.errors import invalid_argument
+from scheduler.contract.scalars import normalize_epoch_ms
+from scheduler.schema.target import SchemaTarget, schema_target
+from scheduler.schema.upgrade import initialize_or_upgrade
+from scheduler.store.dialects import postgresql
+from scheduler.store.session import SERVER_CLOCK, Clock
+
+log = logging.getLogger("scheduler.store")
+
+PSYCOPG_DRIVER: Final = "postgresql+psycopg"
+BACKEND_NAMES: Final = ("postgresql", "postgres")
+
+
+def psycopg_url(url: URL) -> URL:
+    """``postgresql://`` is taken as psycopg 3; another PostgreSQL driver is refused
+    (``SCHEDULER_INVALID_ARGUMENT``)."""
+    driver = url.drivername.partition("+")[2]
+    if driver not in ("", "psycopg"):
+        raise invalid_argument(
+            f"PostgreSQL is supported through psycopg 3 (postgresql+psycopg://), not {driver}"
+        )
+    return url.set(drivername=PSYCOPG_DRIVER)
+
+
+def check_engine(engine: Engine) -> None:
+    """Refuse a PostgreSQL engine with another driver than psycopg 3 (or its async variant)."""
+    dialect = engine.dialect
+    if dialect.name == "postgresql" and (dialect.driver != "psycopg" or dialect.is_async):
+        driver = "async psycopg" if dialect.is_async else dialect.driver
+        raise invalid_argument(f"PostgreSQL is supported through psycopg 3, not the {driver} driver")
+
+
+def own_engine(url: str) -> Engine:
+    """The engine of a store opened from a URL: one connection at a time, READ COMMITTED."""
+    return create_engine(url, poolclass=NullPool, isolation_level=postgresql.ISOLATION_LEVEL)
+
+
+def prepare_connection(conn: Connection, timeout_ms: int) -> None:
+    """READ COMMITTED (reset by the pool on release) and the lock timeout, committed."""
+    conn.execution_options(isolation_level=postgresql.ISOLATION_LEVEL)
+    conn.exec_driver_sql(postgresql.lock_timeout_sql(timeout_ms))
+    conn.commit()
+
+
+def connect(
+    engine: Engine, timeout_ms: int, clock: Clock, schema: str | None
+) -> tuple[Connection, SchemaTarget]:
+    """Check out the store's connection and bring ``schema`` to v6 in one transaction.
+
+    ``clock`` is the store's (``SERVER_CLOCK``: ``clock_timestamp()``, read inside the
+    transaction) and stamps the ``migrations`` rows of a created or upgraded schema.
+    """
+    conn = engine.connect()
+    try:
+        prepare_connection(conn, timeout_ms)
+        target = schema_target(conn, schema)
+        with conn.begin():
+            now = postgresql.server_now(conn) if clock is SERVER_CLOCK else clock()
+            initialize_or_upgrade(conn, now=normalize_epoch_ms(now, "clock result"), schema=target.schema)
+    except BaseException:
+        release(conn)
+        raise
+    return conn, target
+
+
+def release(conn: Connection) -> None:
+    """End any transaction, reset the lock timeout and close; never raises."""
+    with suppress(Exception):
+        if conn.in_transaction():
+            conn.rollback()
+        conn.exec_driver_sql(postgresql.RESET_LOCK_TIMEOUT_SQL)
+        conn.commit()
+    try:
+        conn.close()
+    except Exception:
+        log.debug("closing the store's connection failed", exc_info=True)
+        with suppress(Exception):
+            conn.invalidate()

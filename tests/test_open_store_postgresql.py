@@ -1,0 +1,160 @@
+"""``open_store`` on the real PostgreSQL server (API §8): targets, schema, create/verify, clock.
+
+A PostgreSQL store is opened from a ``postgresql://`` or ``postgresql+psycopg://`` URL or a
+psycopg Engine; another driver is refused. Opening an empty schema creates v6 in one
+transaction, every open verifies the catalog, and two processes opening an empty database at
+once both succeed. ``clock=None`` is the server's ``clock_timestamp()``; an injected clock wins.
+``busy_timeout_ms`` is the store connection's ``lock_timeout``, reset when the store closes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from backends import PostgresServer, unique_name
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import QueuePool
+
+from scheduler import SchedulerKernelError, open_store
+from scheduler.schema import SCHEMA_V6_PG_FINGERPRINT, schema_fingerprint
+from scheduler.schema.target import quote_identifier
+from scheduler.testing import dump_tables
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = 1767225600000
+AUTHORITY = {"principal": {"type": "user", "id": "u"}, "workspaceId": "ws", "requestedCapabilities": ["a"]}
+
+
+def url_text(url: URL, drivername: str = "postgresql+psycopg") -> str:
+    return url.set(drivername=drivername).render_as_string(hide_password=False)
+
+
+def server_ms(engine: Engine) -> int:
+    with engine.connect() as connection:
+        now = connection.exec_driver_sql("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)")
+        return int(now.scalar_one())
+
+
+@pytest.mark.parametrize("drivername", ["postgresql", "postgresql+psycopg"])
+def test_urls_open_a_store_in_the_default_schema(pg_database: URL, drivername: str) -> None:
+    with open_store(url_text(pg_database, drivername), clock=lambda: T0) as store:
+        store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+        assert store.schema_info().schema_version == 6
+        assert store.schema_info().migration.applied_at == T0  # type: ignore[union-attr]
+    engine = create_engine(pg_database)
+    try:
+        with engine.connect() as connection:
+            assert schema_fingerprint(connection, schema="scheduler") == SCHEMA_V6_PG_FINGERPRINT
+            rows = connection.exec_driver_sql("SELECT job_id FROM scheduler.jobs").all()
+            assert [tuple(row) for row in rows] == [("job-1",)]
+    finally:
+        engine.dispose()
+
+
+def test_an_engine_and_any_schema_name(pg_engine: Engine, pg_schema: str) -> None:
+    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0) as store:
+        store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0 + 1) as store:  # verified, reused
+        assert [row["job_id"] for row in dump_tables(store)["jobs"]] == ["job-1"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "postgresql+psycopg2://u@h/db",
+        "postgresql+asyncpg://u@h/db",
+        "postgresql+pg8000://u@h/db",
+        "mysql://u@h/db",
+    ],
+)
+def test_other_drivers_and_databases_are_refused(target: str) -> None:
+    with pytest.raises(SchedulerKernelError) as caught:
+        open_store(target)
+    assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
+
+
+def test_an_engine_with_another_postgresql_driver_is_refused(pg_engine: Engine) -> None:
+    other = create_engine(url_text(pg_engine.url, "postgresql+pg8000"), module=psycopg)  # never connected
+    asynchronous = create_engine(url_text(pg_engine.url, "postgresql+psycopg_async"))
+    for engine in (other, asynchronous):
+        with pytest.raises(SchedulerKernelError) as caught:
+            open_store(engine)
+        assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
+        assert "psycopg 3" in caught.value.message
+        engine.dispose()
+
+
+def test_every_open_verifies_the_catalog(pg_engine: Engine, pg_schema: str) -> None:
+    open_store(pg_engine, schema=pg_schema, clock=lambda: T0).close()
+    with pg_engine.begin() as connection:
+        connection.exec_driver_sql(f"ALTER TABLE {quote_identifier(pg_schema)}.jobs ADD COLUMN note text")
+    with pytest.raises(SchedulerKernelError) as caught:
+        open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    assert caught.value.code == "SCHEDULER_SCHEMA_CORRUPT"
+
+
+def test_clock_none_is_the_server_clock_and_an_injected_clock_wins(pg_engine: Engine, pg_schema: str) -> None:
+    before = server_ms(pg_engine)
+    with open_store(pg_engine, schema=pg_schema) as store:
+        job = store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+        after = server_ms(pg_engine)
+        assert before <= job.created_at <= after
+        assert before <= store.schema_info().migration.applied_at <= after  # type: ignore[union-attr]
+        assert job.created_at <= store.clock() <= server_ms(pg_engine)
+    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0) as store:
+        assert store.create_job(id="job-2", kind="email", authority=AUTHORITY).created_at == T0
+        assert store.clock() == T0
+
+
+def test_busy_timeout_is_the_lock_timeout_of_the_store_connection(pg_engine: Engine, pg_schema: str) -> None:
+    engine = create_engine(pg_engine.url, poolclass=QueuePool, pool_size=1, max_overflow=0)
+    try:
+        store = open_store(engine, schema=pg_schema, busy_timeout_ms=1234, clock=lambda: T0)
+        assert store.connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1234ms"
+        store.connection.rollback()
+        store.close()
+        with engine.connect() as connection:  # the same pooled connection, as it came
+            assert connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "0"
+        with open_store(engine, schema=pg_schema, busy_timeout_ms=0, clock=lambda: T0) as store:
+            assert store.connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1ms"
+            store.connection.rollback()
+    finally:
+        engine.dispose()
+
+
+_OPENER = """
+import sys
+from scheduler import open_store
+with open_store(sys.argv[1], schema=sys.argv[2]) as store:
+    print(store.schema_info().schema_version)
+"""
+
+
+def test_two_processes_opening_an_empty_database_both_succeed(postgres_server: PostgresServer) -> None:
+    url = postgres_server.create_database()
+    schema = unique_name("t_open")
+    try:
+        started = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPENER, url_text(url), schema],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 120
+        outputs = [process.communicate(timeout=max(1.0, deadline - time.monotonic())) for process in started]
+        assert [process.returncode for process in started] == [0, 0], outputs
+        assert [out.strip() for out, _ in outputs] == ["6", "6"]
+        with open_store(url_text(url), schema=schema, clock=lambda: T0) as store:
+            assert len(dump_tables(store)["migrations"]) == 6
+    finally:
+        postgres_server.drop_database(url)
