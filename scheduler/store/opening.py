@@ -278,12 +278,7 @@ def _release(conn: Connection, *, checkpoint: bool) -> None:
             step(conn)
         except Exception:
             log.debug("closing the store: %s failed", step.__name__, exc_info=True)
-    try:
-        conn.close()
-    except Exception:
-        log.debug("closing the store's connection failed", exc_info=True)
-        with suppress(Exception):
-            conn.invalidate()
+    opening_postgresql.close_quietly(conn)
 
 
 def _open_failure(cause: BaseException, progress: _OpenProgress) -> SchedulerKernelError:

@@ -88,6 +88,12 @@ def release(conn: Connection) -> None:
             conn.rollback()
         conn.exec_driver_sql(postgresql.RESET_LOCK_TIMEOUT_SQL)
         conn.commit()
+    close_quietly(conn)
+
+
+def close_quietly(conn: Connection) -> None:
+    """Close the store's connection; if even that fails, invalidate it so the pool never hands
+    it out again. Never raises (either backend)."""
     try:
         conn.close()
     except Exception:
