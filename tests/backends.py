@@ -28,6 +28,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from scheduler.schema import tables
+
 ENV_URL: Final = "SCHEDULER_TEST_POSTGRES_URL"
 HOW_TO_ENABLE: Final = (
     f"PostgreSQL tests skipped: set {ENV_URL}=postgresql+psycopg://USER@HOST:PORT/DATABASE "
@@ -100,6 +102,17 @@ class PostgresServer:
     def drop_schema(self, name: str) -> None:
         with self.engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {self.quote(name)} CASCADE")
+
+    def empty_scheduler_tables(self, schema: str) -> None:
+        """Delete every row of a scheduler schema but its ``migrations`` history, restarting the
+        ``events`` id sequence: the state of a freshly created v6 schema."""
+        names = ", ".join(
+            f"{self.quote(schema)}.{self.quote(table.name)}"
+            for table in tables.ALL_TABLES
+            if table.name != "migrations"
+        )
+        with self.engine.begin() as connection:
+            connection.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY")
 
     def create_database(self) -> URL:
         """A new, empty database on the same server (``template0``); drop it with ``drop_database``."""

@@ -28,9 +28,13 @@ from backends import (
     unique_name,
     unreachable_message,
 )
+from recorded import T0
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
+from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace
+
+from scheduler import open_store
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -43,7 +47,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = getattr(item, "fixturenames", ())
         callspec = getattr(item, "callspec", None)
-        on_postgres = callspec is not None and callspec.params.get("backend") == POSTGRESQL
+        on_postgres = callspec is not None and POSTGRESQL in (
+            callspec.params.get("backend"),
+            callspec.params.get("place"),
+        )
         if on_postgres or "postgres_server" in names:
             item.add_marker(pytest.mark.postgresql)
 
@@ -100,3 +107,26 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     schema = unique_name("t_schema")
     yield Backend(POSTGRESQL, server.engine, schema)
     server.drop_schema(schema)
+
+
+@pytest.fixture(params=BACKENDS)
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorePlace]:
+    """Where a behavioural test's store lives: ``kernel.sqlite`` in ``tmp_path``, or a fresh
+    PostgreSQL schema (dropped afterwards). See ``store_places.py``."""
+    if request.param == SQLITE:
+        yield SqliteFilePlace(tmp_path / "kernel.sqlite")
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    schema: str = request.getfixturevalue("shared_pg_schema")
+    server.empty_scheduler_tables(schema)
+    yield PostgresSchemaPlace(server, schema)
+
+
+@pytest.fixture(scope="session")
+def shared_pg_schema(postgres_server: PostgresServer) -> Iterator[str]:
+    """One v6 scheduler schema for the session's ``place`` tests, emptied before each of them
+    (creating a schema costs far more than emptying one)."""
+    schema = unique_name("t_places")
+    open_store(postgres_server.engine, schema=schema, clock=lambda: T0).close()
+    yield schema
+    postgres_server.drop_schema(schema)

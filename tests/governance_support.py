@@ -1,25 +1,25 @@
 """Shared helpers of the governance tests (authority, adjudication, runtime control, requeue).
 
-Every helper drives the public API of a real store on a SQLite file in ``tmp_path``.
+Every helper drives the public API of a real store in a ``place`` (a SQLite file or a fresh
+PostgreSQL schema, ``store_places.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dump import dump
 from recorded import REFERENCE_DBS as REFERENCE_DBS
 from recorded import T0 as T0
 from recorded import UPGRADE_NOW as UPGRADE_NOW
 from recorded import copy_reference as copy_reference
+from store_places import SqliteFilePlace, StorePlace
 
-from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.contract.canonical import canonical_json
 from scheduler.store.records import Occurrence
 
@@ -38,12 +38,13 @@ OUTCOME_UNKNOWN = {"code": "AGENDA_OUTCOME_UNKNOWN", "message": "transport reset
 
 
 class Env:
-    """A store on ``path`` with a controllable clock (``env.now``, ``env.tick()``)."""
+    """A store in ``place`` with a controllable clock (``env.now``, ``env.tick()``)."""
 
-    def __init__(self, path: Path, now: int = T0) -> None:
-        self.path = path
+    def __init__(self, place: Path | StorePlace, now: int = T0) -> None:
+        place = SqliteFilePlace(place) if isinstance(place, Path) else place
+        self.place = place
         self.clock = {"now": now}
-        self.store: SchedulerStore = open_store(path, clock=lambda: self.clock["now"])
+        self.store: SchedulerStore = place.open(clock=lambda: self.clock["now"])
 
     @property
     def now(self) -> int:
@@ -59,29 +60,30 @@ class Env:
 
     def reopen(self) -> SchedulerStore:
         self.store.close()
-        self.store = open_store(self.path, clock=lambda: self.clock["now"])
+        self.store = self.place.open(clock=lambda: self.clock["now"])
         return self.store
 
+    @property
+    def path(self) -> Path:
+        """The SQLite file (tests that read the file itself are SQLite-only)."""
+        assert isinstance(self.place, SqliteFilePlace), "a SQLite-only test"
+        return self.place.path
+
     def dump(self) -> dict[str, Any]:
-        return dump(self.path)
+        return self.place.dump()
 
     def sql(self, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run raw SQL on a second connection (test setup of states the API refuses to create)."""
-        connection = sqlite3.connect(self.path)
-        try:
-            rows = connection.execute(statement, parameters).fetchall()
-            connection.commit()
-            return rows
-        finally:
-            connection.close()
+        return self.place.sql(statement, parameters)
 
     def events(self, occurrence_id: str) -> list[dict[str, Any]]:
         return [event.to_dict() for event in reversed(self.store.history(occurrence_id=occurrence_id))]
 
 
 @contextmanager
-def env_at(tmp_path: Path, name: str = "kernel.sqlite", now: int = T0) -> Iterator[Env]:
-    env = Env(tmp_path / name, now)
+def env_at(where: Path | StorePlace, name: str = "kernel.sqlite", now: int = T0) -> Iterator[Env]:
+    """An ``Env`` in a place, or in the SQLite file ``name`` of the directory ``where``."""
+    env = Env(SqliteFilePlace(where / name) if isinstance(where, Path) else where, now)
     try:
         yield env
     finally:

@@ -1,24 +1,23 @@
 """Helpers of the occurrence-lifecycle tests (enqueue, claims, leases, settle, history, batches).
 
-Everything drives the public API of a real store on a SQLite file. Rows the lifecycle does not
-create itself (runtime controls, requeue requests, reservations, adjudications) are inserted
+Everything drives the public API of a real store in a ``place`` (a SQLite file or a fresh
+PostgreSQL schema, ``store_places.py``). Rows the lifecycle does not create itself (runtime
+controls, requeue requests, reservations, adjudications) are inserted
 with SQLAlchemy Core on a second connection, as another engineer's module would write them.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dump import dump
 from recorded import T0 as T0
-from sqlalchemy import create_engine, insert
+from store_places import SqliteFilePlace, StorePlace
 
-from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.schema import tables as t
 from scheduler.store.records import Occurrence
 
@@ -36,13 +35,15 @@ DIGEST = "sha256:" + "cd" * 32
 
 
 class Env:
-    """A store on ``path`` with a controllable clock that counts its reads."""
+    """A store in ``place`` (a SQLite file or a PostgreSQL schema) with a controllable clock
+    that counts its reads."""
 
-    def __init__(self, path: Path, now: int = T0, **options: Any) -> None:
-        self.path = path
+    def __init__(self, place: Path | StorePlace, now: int = T0, **options: Any) -> None:
+        place = SqliteFilePlace(place) if isinstance(place, Path) else place
+        self.place = place
         self.clock = {"now": now}
         self.clock_reads = 0
-        self.store: SchedulerStore = open_store(path, clock=self._read_clock, **options)
+        self.store: SchedulerStore = place.open(clock=self._read_clock, **options)
 
     def _read_clock(self) -> int:
         self.clock_reads += 1
@@ -62,11 +63,17 @@ class Env:
 
     def reopen(self) -> SchedulerStore:
         self.store.close()
-        self.store = open_store(self.path, clock=self._read_clock)
+        self.store = self.place.open(clock=self._read_clock)
         return self.store
 
+    @property
+    def path(self) -> Path:
+        """The SQLite file (tests that read the file itself are SQLite-only)."""
+        assert isinstance(self.place, SqliteFilePlace), "a SQLite-only test"
+        return self.place.path
+
     def dump(self) -> dict[str, Any]:
-        return dump(self.path)
+        return self.place.dump()
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.dump()["tables"][table]
@@ -74,22 +81,11 @@ class Env:
 
     def sql(self, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Raw SQL on a second connection (inspection and states the API cannot reach)."""
-        connection = sqlite3.connect(self.path)
-        try:
-            rows = connection.execute(statement, parameters).fetchall()
-            connection.commit()
-            return rows
-        finally:
-            connection.close()
+        return self.place.sql(statement, parameters)
 
     def insert(self, table: Any, **values: Any) -> None:
         """A Core insert on a second connection (rows owned by other modules)."""
-        engine = create_engine(f"sqlite:///{self.path}")
-        try:
-            with engine.begin() as connection:
-                connection.execute(insert(table), values)
-        finally:
-            engine.dispose()
+        self.place.insert(table, **values)
 
     def events(self, occurrence_id: str) -> list[dict[str, Any]]:
         """The occurrence's events, oldest first, as dicts."""
@@ -222,8 +218,12 @@ class Env:
 
 
 @contextmanager
-def env_at(tmp_path: Path, name: str = "kernel.sqlite", now: int = T0, **options: Any) -> Iterator[Env]:
-    env = Env(tmp_path / name, now, **options)
+def env_at(
+    where: Path | StorePlace, name: str = "kernel.sqlite", now: int = T0, **options: Any
+) -> Iterator[Env]:
+    """An ``Env`` in a place, or in the SQLite file ``name`` of the directory ``where``."""
+    place = SqliteFilePlace(where / name) if isinstance(where, Path) else where
+    env = Env(place, now, **options)
     try:
         yield env
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +111,28 @@ def test_clock_none_is_the_server_clock_and_an_injected_clock_wins(pg_engine: En
     with open_store(pg_engine, schema=pg_schema, clock=lambda: T0) as store:
         assert store.create_job(id="job-2", kind="email", authority=AUTHORITY).created_at == T0
         assert store.clock() == T0
+
+
+def test_the_server_clock_is_read_after_the_rows_are_locked(pg_engine: Engine, pg_schema: str) -> None:
+    """update_job waits for the job row another transaction holds; its time is read after."""
+    with open_store(pg_engine, schema=pg_schema) as store:
+        store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+        holder = pg_engine.connect()
+        holder.exec_driver_sql(
+            f"SELECT 1 FROM {quote_identifier(pg_schema)}.jobs WHERE job_id = 'job-1' FOR UPDATE"
+        )
+        updated: list[int] = []
+        worker = threading.Thread(
+            target=lambda: updated.append(store.update_job("job-1", 1, payload=1).updated_at)
+        )
+        started = server_ms(pg_engine)
+        worker.start()
+        time.sleep(0.5)
+        released = server_ms(pg_engine)
+        holder.close()
+        worker.join(30)
+        assert released - started >= 400
+        assert updated and updated[0] >= released
 
 
 def test_busy_timeout_is_the_lock_timeout_of_the_store_connection(pg_engine: Engine, pg_schema: str) -> None:

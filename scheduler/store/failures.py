@@ -2,8 +2,9 @@
 
 A storage code anywhere in an error's cause chain (an ``OSError`` errno, a SQLite result code
 name from ``sqlite_errorname``) becomes ``SCHEDULER_STORAGE_UNAVAILABLE`` with
-``{phase, storageCode, commitState, retryable}``. The SQLite result codes live here (and in
-``dialect.py``), so the capability modules stay dialect-free.
+``{phase, storageCode, commitState, retryable}``. The SQLite result codes live here; the
+PostgreSQL SQLSTATEs (and a connection lost without one, ``CONNECTION_LOST``) are classified by
+``dialects/postgresql.py``; the capability modules stay dialect-free.
 
 ``retryable`` (API §8) is ``True`` only for contention (``SQLITE_BUSY``/``SQLITE_LOCKED``) when
 nothing can have been committed and the store owns the transaction; never for a SQLite busy
@@ -16,6 +17,7 @@ import errno
 from typing import Literal
 
 from scheduler.contract.errors import SchedulerKernelError
+from scheduler.store.dialects import postgresql
 
 STORAGE_UNAVAILABLE = "SCHEDULER_STORAGE_UNAVAILABLE"
 STORAGE_FAILURE_CODES = (
@@ -133,6 +135,13 @@ def classify_storage_failure(
     for lock contention (a busy statement or COMMIT changed nothing). Contention is retryable
     only when nothing was committed and ``owns_transaction`` (API §8).
     """
+    server = postgresql.storage_condition(_chain(error))
+    if server is not None:
+        code, retryable_cause = server
+        retryable = retryable_cause and owns_transaction and commit_state == "not_committed"
+        return storage_unavailable(
+            phase=phase, storage_code=code, commit_state=commit_state, retryable=retryable
+        )
     storage_code = find_storage_failure_code(error)
     if storage_code:
         return storage_unavailable(phase=phase, storage_code=storage_code, commit_state=commit_state)

@@ -391,4 +391,6 @@ def _open_postgresql(
                 engine.dispose()
 
     runner = OwnedRunner(conn, clock, uuid_factory, target=place)
+    runner.session_setup = opening_postgresql.session_setup(timeout_ms)
+    runner._prepared_driver = conn.connection.dbapi_connection  # prepared by connect()
     return SchedulerStore(runner, clock=clock, uuid_factory=uuid_factory, on_close=close)

@@ -9,6 +9,7 @@ connection goes back to its pool as it came (isolation level by SQLAlchemy, lock
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Final
 
@@ -54,10 +55,16 @@ def own_engine(url: str) -> Engine:
 
 
 def prepare_connection(conn: Connection, timeout_ms: int) -> None:
-    """READ COMMITTED (reset by the pool on release) and the lock timeout, committed."""
+    """READ COMMITTED (reset by the pool on release) and the lock timeout, committed: on the
+    store's connection when it opens, and on each new driver connection after a reconnect."""
     conn.execution_options(isolation_level=postgresql.ISOLATION_LEVEL)
     conn.exec_driver_sql(postgresql.lock_timeout_sql(timeout_ms))
     conn.commit()
+
+
+def session_setup(timeout_ms: int) -> Callable[[Connection], None]:
+    """``OwnedRunner.session_setup`` of a PostgreSQL store."""
+    return lambda conn: prepare_connection(conn, timeout_ms)
 
 
 def connect(

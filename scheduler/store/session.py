@@ -338,7 +338,16 @@ class _Base:
 
 
 class OwnedRunner(_Base):
-    """Runs each operation in its own transaction on a connection the store owns."""
+    """Runs each operation in its own transaction on a connection the store owns.
+
+    After a lost connection (PostgreSQL) the next call runs on a new driver connection: the
+    failed one was invalidated, and SQLAlchemy checks out a new one when the runner next uses it.
+    """
+
+    session_setup: Callable[[Connection], None] | None = None
+    """Run on each new driver connection before its first transaction (PostgreSQL: the lock
+    timeout and isolation level), so a store that reconnected runs exactly as before."""
+    _prepared_driver: Any = None
 
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._run(operation, BEGIN_WRITE))
@@ -346,8 +355,24 @@ class OwnedRunner(_Base):
     def read(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._run(operation, BEGIN_READ, sample_clock=False))
 
+    def _prepare_driver(self) -> None:
+        """``session_setup`` once per driver connection (accessing it reconnects if needed)."""
+        if self.session_setup is None:
+            return
+        driver = self.conn.connection.dbapi_connection
+        if driver is not self._prepared_driver:
+            self.session_setup(self.conn)
+            self._prepared_driver = driver
+
     def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
         returned = False
+        try:
+            self._prepare_driver()
+        except Exception as error:  # the server is unreachable: nothing was written
+            classified = classify_storage_failure(error, phase="write", commit_state="not_committed")
+            if classified is None:
+                raise
+            raise classified from error
         transaction = self.conn.begin()
         try:
             fast = self._usable_fastpath()
@@ -408,6 +433,7 @@ class OwnedRunner(_Base):
             self._leave()
 
     def _begin_block(self) -> tuple[Any, NestedRunner]:
+        self._prepare_driver()
         transaction = self.conn.begin()
         try:
             self.dialect.begin(self.conn, write=True, fast=None)

@@ -138,3 +138,57 @@ def schema_header(conn: Connection, target: SchemaTarget) -> tuple[int, int | No
     """A PostgreSQL schema has no header: the application id is the scheduler's own (the schema
     holds nothing else) and the version is the ``migrations`` history."""
     return SCHEDULER_APPLICATION_ID, None
+
+
+# ----------------------------------------------------------------- failure classification
+
+CONNECTION_LOST: Final = "CONNECTION_LOST"
+"""``storageCode`` of a lost connection the driver gave no SQLSTATE for (API §8)."""
+CONTENTION_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03", "57014", "57P01"})
+"""Serialization failure, deadlock, lock timeout, statement timeout / cancel, terminated backend:
+nothing of the transaction survives them, so the store's own call may be retried."""
+LOST_CONNECTION_CLASS: Final = "08"
+"""Connection exceptions (SQLSTATE class 08): retryable like a connection lost without one."""
+FAILURE_SQLSTATES: Final = frozenset(
+    {"25006", "53100", "53200", "53300", "57P02", "57P03", "58000", "58030", "XX000", "XX001", "XX002"}
+)
+"""The server cannot store (read-only, disk full, out of memory or connections, shutting down,
+I/O error, corruption): reported as storage unavailable, not retryable."""
+
+
+def _is_psycopg(error: BaseException) -> bool:
+    return type(error).__module__.split(".")[0] == "psycopg"
+
+
+def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
+    """(``storageCode``, whether the cause is contention or a lost connection) for the first
+    PostgreSQL failure in a cause chain, or ``None``.
+
+    psycopg errors carry the server's SQLSTATE; an ``OperationalError`` (or a closed-connection
+    ``InterfaceError``) without one is a lost connection, as is an error SQLAlchemy reports as
+    having invalidated the connection.
+    """
+    for error in errors:
+        if getattr(error, "connection_invalidated", False) is True:
+            return _lost(errors)
+        if not _is_psycopg(error):
+            continue
+        sqlstate = getattr(error, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate:
+            if sqlstate in CONTENTION_SQLSTATES or sqlstate.startswith(LOST_CONNECTION_CLASS):
+                return sqlstate, True
+            if sqlstate in FAILURE_SQLSTATES:
+                return sqlstate, False
+            continue
+        if type(error).__name__ in ("OperationalError", "InterfaceError"):
+            return CONNECTION_LOST, True
+    return None
+
+
+def _lost(errors: list[BaseException]) -> tuple[str, bool]:
+    """A connection SQLAlchemy invalidated: the server's SQLSTATE if it sent one (57P01 …)."""
+    for error in errors:
+        sqlstate = getattr(error, "sqlstate", None) if _is_psycopg(error) else None
+        if isinstance(sqlstate, str) and sqlstate:
+            return sqlstate, True
+    return CONNECTION_LOST, True

@@ -1,0 +1,100 @@
+"""Where a behavioural test's store lives: a SQLite file or a fresh PostgreSQL schema.
+
+The ``place`` fixture (``conftest.py``) runs a test body on both backends. A place opens stores
+(``open_store`` with the test's clock and options) and gives the test an independent view of
+the database: ``dump()`` (every scheduler table's rows in the fixtures' layout), ``sql()`` (raw
+SQL on a second connection, written with SQLite's ``?`` placeholders) and ``insert()`` (a Core
+insert on a second connection, for rows another module would write).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Final
+
+from backends import POSTGRESQL, SQLITE, PostgresServer
+from dump import dump
+from sqlalchemy import create_engine, insert, select
+from sqlalchemy.pool import NullPool
+
+from scheduler import SchedulerStore, open_store
+from scheduler.schema import tables as t
+from scheduler.schema.target import quote_identifier
+
+Dump = dict[str, Any]
+
+
+class SqliteFilePlace:
+    """A SQLite file (``path``), read back with the standard library."""
+
+    backend: Final = SQLITE
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self, **options: Any) -> SchedulerStore:
+        return open_store(self.path, **options)
+
+    def dump(self) -> Dump:
+        return dump(self.path)
+
+    def sql(self, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        connection = sqlite3.connect(self.path)
+        try:
+            rows = connection.execute(statement, parameters).fetchall()
+            connection.commit()
+            return rows
+        finally:
+            connection.close()
+
+    def insert(self, table: Any, **values: Any) -> None:
+        engine = create_engine(f"sqlite:///{self.path}", poolclass=NullPool)
+        try:
+            with engine.begin() as connection:
+                connection.execute(insert(table), values)
+        finally:
+            engine.dispose()
+
+
+class PostgresSchemaPlace:
+    """A schema on the test run's PostgreSQL server (created by the first ``open``)."""
+
+    backend: Final = POSTGRESQL
+
+    def __init__(self, server: PostgresServer, schema: str) -> None:
+        self.server = server
+        self.schema = schema
+
+    def open(self, **options: Any) -> SchedulerStore:
+        return open_store(self.server.engine, schema=self.schema, **options)
+
+    def dump(self) -> Dump:
+        """Every scheduler table's rows ordered by primary key (no ``sqlite_sequence``, no header)."""
+        options = {"schema_translate_map": {None: self.schema}}
+        with self.server.engine.connect() as connection:
+            tables = {
+                table.name: [
+                    dict(row)
+                    for row in connection.execute(
+                        select(table).order_by(*table.primary_key), execution_options=options
+                    ).mappings()
+                ]
+                for table in t.ALL_TABLES
+            }
+        return {"tables": dict(sorted(tables.items()))}
+
+    def sql(self, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self.server.engine.begin() as connection:
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {quote_identifier(self.schema)}")
+            result = connection.exec_driver_sql(statement.replace("?", "%s"), parameters)
+            return [tuple(row) for row in result] if result.returns_rows else []
+
+    def insert(self, table: Any, **values: Any) -> None:
+        with self.server.engine.begin() as connection:
+            connection.execute(
+                insert(table), values, execution_options={"schema_translate_map": {None: self.schema}}
+            )
+
+
+StorePlace = SqliteFilePlace | PostgresSchemaPlace
