@@ -3,8 +3,8 @@
 It forwards bytes both ways. Armed with a ``fault``, it acts on the next COMMIT a client sends
 (psycopg sends it as a simple ``Query`` message):
 
-* ``"lose_during_commit"``: forward the COMMIT, wait for the server's answer, then close both
-  sides without passing the answer on (the transaction committed; the client cannot know);
+* ``"lose_during_commit"``: forward the COMMIT, swallow the server's answer and close both sides
+  (the transaction committed; the client cannot know);
 * ``"lose_before_commit"``: close both sides instead of forwarding it (the server rolls back);
 * ``"terminate_before_commit"``: have the server terminate the backend (``pg_terminate_backend``)
   and then forward the COMMIT (the client reads SQLSTATE 57P01 or a closed connection).
@@ -58,43 +58,51 @@ class PgProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._pump, args=(server, client, None), daemon=True).start()
-            threading.Thread(target=self._pump, args=(client, server, server), daemon=True).start()
+            pair = _Pair(client, socket.create_connection(self.target))
+            threading.Thread(target=self._to_client, args=(pair,), daemon=True).start()
+            threading.Thread(target=self._to_server, args=(pair,), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, server: socket.socket | None) -> None:
-        """Copy ``source`` to ``sink``; client→server copies (``server`` given) watch for COMMIT."""
+    def _to_client(self, pair: _Pair) -> None:
+        """Server → client; once a COMMIT is to be lost, its answer is swallowed and both ends closed."""
         try:
-            while data := source.recv(65536):
-                watching = server is not None and self.fault and COMMIT_MESSAGE in data
-                if watching and server is not None and self._act(data, source, server):
-                    return
-                sink.sendall(data)
+            while data := pair.server.recv(65536):
+                if pair.swallow.is_set():
+                    break
+                pair.client.sendall(data)
         except OSError:
             pass
         finally:
-            for end in (source, sink):
-                with suppress(OSError):
-                    end.close()
+            pair.close()
 
-    def _act(self, data: bytes, client: socket.socket, server: socket.socket) -> bool:
-        """Apply the armed fault to a COMMIT; True when the connection is gone."""
+    def _to_server(self, pair: _Pair) -> None:
+        """Client → server, watching for the COMMIT an armed fault acts on."""
+        try:
+            while data := pair.client.recv(65536):
+                if self.fault and COMMIT_MESSAGE in data and self._act(pair):
+                    if pair.swallow.is_set():
+                        pair.server.sendall(data)  # the server commits; the answer is lost
+                        continue
+                    break
+                pair.server.sendall(data)
+        except OSError:
+            pass
+        finally:
+            if not pair.swallow.is_set():
+                pair.close()
+
+    def _act(self, pair: _Pair) -> bool:
+        """Apply the armed fault to a COMMIT; True when the connection is to be lost."""
         fault, self.fault = self.fault, None
-        pid, xid = self._backend(server.getsockname()[1])
+        pid, xid = self._backend(pair.server.getsockname()[1])
         if xid is not None:
             self.xids.append(xid)
-        try:
-            if fault == "lose_before_commit":
-                return _close(client, server)
-            if fault == "terminate_before_commit":
-                self._terminate(pid)
-                return False  # forward the COMMIT to the dying backend
-            server.sendall(data)  # lose_during_commit
-            server.settimeout(10)
-            server.recv(65536)  # the server's answer: CommandComplete + ReadyForQuery
-            return _close(client, server)
-        finally:
-            self.acted.set()
+        self.acted.set()
+        if fault == "terminate_before_commit":
+            self._terminate(pid)
+            return False  # forward the COMMIT to the dying backend
+        if fault == "lose_during_commit":
+            pair.swallow.set()
+        return True
 
     def _backend(self, client_port: int) -> tuple[int, int | None]:
         with self.engine.connect() as connection:
@@ -124,13 +132,20 @@ def xact_status(engine: Engine, xid: int) -> str | None:
         return None if status is None else str(status)
 
 
-def _close(*ends: socket.socket) -> bool:
-    for end in ends:
-        with suppress(OSError):
-            end.shutdown(socket.SHUT_RDWR)
-        with suppress(OSError):
-            end.close()
-    return True
+class _Pair:
+    """One client connection and its server connection."""
+
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.client = client
+        self.server = server
+        self.swallow = threading.Event()
+
+    def close(self) -> None:
+        for end in (self.client, self.server):
+            with suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            with suppress(OSError):
+                end.close()
 
 
 def wait_until(predicate: Any, timeout: float = 30.0) -> None:
