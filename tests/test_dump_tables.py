@@ -61,6 +61,22 @@ def test_inside_a_transaction_and_on_a_caller_connection_it_sees_the_uncommitted
         engine.dispose()
 
 
+def test_tables_are_addressed_through_the_connections_schema_translation(tmp_path: Path) -> None:
+    """An attached scheduler database read through ``schema_translate_map`` dumps like the file itself."""
+    path = tmp_path / "kernel.sqlite"
+    with open_store(path, clock=lambda: T0) as store:
+        store.create_job(id="attached", kind="k", authority=AUTHORITY)
+        expected = dump_tables(store)
+    engine = create_engine("sqlite://")
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f"ATTACH DATABASE '{path}' AS kernel")
+            translated = connection.execution_options(schema_translate_map={None: "kernel"})
+            assert dump_tables(SchedulerStore.on_connection(translated, clock=lambda: T0)) == expected
+    finally:
+        engine.dispose()
+
+
 def test_a_closed_store_is_refused(tmp_path: Path) -> None:
     store = open_store(tmp_path / "kernel.sqlite", clock=lambda: T0)
     store.close()
