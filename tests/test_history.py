@@ -117,9 +117,10 @@ def test_list_dead_letters_newest_settlement_first(env: Env) -> None:
     assert env.store.list_dead_letters(job_id="nobody") == []
 
 
-def test_reads_on_a_closed_store_and_validation_order(env: Env) -> None:
+def test_reads_on_a_closed_store_check_the_store_first(env: Env) -> None:
+    """Seed: history/listDeadLetters/getOccurrence call _assertOpen() before reading arguments."""
     env.store.close()
-    expect_error(INVALID, lambda: env.store.history(limit=0))
+    expect_error("SCHEDULER_STORE_CLOSED", lambda: env.store.history(limit=0))
     expect_error("SCHEDULER_STORE_CLOSED", lambda: env.store.history())
     expect_error("SCHEDULER_STORE_CLOSED", lambda: env.store.list_dead_letters())
     expect_error("SCHEDULER_STORE_CLOSED", lambda: env.store.get_occurrence("occ_x"))

@@ -455,13 +455,14 @@ def test_active_by_source_validation(h: Harness) -> None:
     )
 
 
-def test_reads_after_close_and_validation_first(h: Harness) -> None:
+def test_reads_after_close_check_the_store_first(h: Harness) -> None:
+    """Seed: getDomainMigration/listDomainMigrations call _assertOpen() before reading arguments."""
     migration = h.store.prepare_domain_migration(plan())
     h.store.close()
     raises("SCHEDULER_STORE_CLOSED", lambda: h.store.get_domain_migration(migration.id))
     raises("SCHEDULER_STORE_CLOSED", lambda: h.store.list_domain_migrations())
-    raises(INVALID, lambda: h.store.get_domain_migration(""))
-    raises(INVALID, lambda: h.store.list_domain_migrations(limit="x"))
+    raises("SCHEDULER_STORE_CLOSED", lambda: h.store.get_domain_migration(""))
+    raises("SCHEDULER_STORE_CLOSED", lambda: h.store.list_domain_migrations(limit="x"))
     h.store = h.open()
 
 

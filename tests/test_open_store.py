@@ -216,9 +216,12 @@ def test_close_is_idempotent_and_later_calls_are_refused(tmp_path: Path) -> None
     with pytest.raises(SchedulerKernelError) as raised:
         store.get_job("j")
     assert raised.value.code == "SCHEDULER_STORE_CLOSED"
-    with pytest.raises(SchedulerKernelError) as invalid:
+    with pytest.raises(SchedulerKernelError) as invalid:  # a write validates before the closed check
+        store.create_job(id="", kind="k", authority={"principal": {"type": "t", "id": "i"}})
+    assert invalid.value.code == "SCHEDULER_INVALID_ARGUMENT"
+    with pytest.raises(SchedulerKernelError) as read:  # a read checks the store first (seed)
         store.get_job("")
-    assert invalid.value.code == "SCHEDULER_INVALID_ARGUMENT"  # validation precedes the closed check
+    assert read.value.code == "SCHEDULER_STORE_CLOSED"
 
 
 def test_memory_url_and_engine_targets(tmp_path: Path) -> None:

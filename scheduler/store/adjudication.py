@@ -347,16 +347,19 @@ class AdjudicationOperations(StoreBase):
 
     def get_adjudication_case(self, occurrence_id: Any) -> AdjudicationCase | None:
         """The occurrence as an adjudication case (eligibility, evidence digest), or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_adjudication_case(tx, identifier))
 
     def list_adjudication_cases(self, *, limit: Any = 50) -> list[AdjudicationCase]:
         """Outcome-unknown dead letters without an adjudication, newest settlement first."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         bounded = normalize_history_limit(limit)
         return self._read(lambda tx: list_adjudication_cases_in(tx, bounded))
 
     def get_occurrence_adjudication(self, occurrence_id: Any) -> Adjudication | None:
         """The occurrence's adjudication record, or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_adjudication(tx, identifier))
 

@@ -407,6 +407,7 @@ class AuthorityOperations(StoreBase):
 
     def get_authority_policy(self, principal: Any) -> AuthorityPolicy | None:
         """The policy of ``principal`` (``{"type", "id"}``), or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         actor = normalize_stored_principal(principal)
         return self._read(lambda tx: load_authority_policy(tx, actor))
 
@@ -420,19 +421,22 @@ class AuthorityOperations(StoreBase):
     ) -> AuthorityPolicy:
         """The principal's policy; if there is none, create one granting the envelope's capabilities.
 
-        Tolerates a concurrent creation (returns the policy another writer created).
+        Seed: ensureAuthorityPolicy. Only the envelope is validated first; an existing policy is
+        returned as it is, and the creation options (``window_ms`` 60000..2678400000, ``max_runs``
+        and ``max_units`` 1..1000000; the envelope's ``requestedCapabilities``, 1..256 of them,
+        no ``"*"``) are validated only when a policy is created, in ``set_authority_policy``'s
+        order. Tolerates a concurrent creation (returns the policy another writer created).
         """
         normalized = normalize_stored_authority(authority)
-        window = _normalize_window_ms(window_ms)
-        runs = normalize_authority_budget_limit(max_runs, "maxRuns")
-        units = normalize_authority_budget_limit(max_units, "maxUnits")
         actor: dict[str, str] = normalized["principal"]
         current = self._read(lambda tx: load_authority_policy(tx, actor))
         if current is not None:
             return current
-        values = _policy_values(
-            normalize_capability_list(normalized["requestedCapabilities"]), window, runs, units, True
-        )
+        capabilities = normalize_capability_list(normalized["requestedCapabilities"])
+        window = _normalize_window_ms(window_ms)
+        runs = normalize_authority_budget_limit(max_runs, "maxRuns")
+        units = normalize_authority_budget_limit(max_units, "maxUnits")
+        values = _policy_values(capabilities, window, runs, units, True)
         try:
             return self._write(lambda tx: set_authority_policy_in(tx, actor, values, 0))
         except SchedulerKernelError as error:
@@ -445,6 +449,7 @@ class AuthorityOperations(StoreBase):
 
     def get_authority_reservation(self, occurrence_id: Any) -> AuthorityReservation | None:
         """The occurrence's reservation, or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_authority_reservation(tx, identifier))
 

@@ -69,6 +69,7 @@ class HistoryOperations(StoreBase):
         limit: int = DEFAULT_HISTORY_LIMIT,
     ) -> list[Event]:
         """Events, newest first, filtered by occurrence and/or job (``limit`` 1.., clamped to 200)."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         bounded = normalize_history_limit(limit)
         occurrence = None if occurrence_id is None else normalize_key(occurrence_id, "occurrenceId")
         job = None if job_id is None else normalize_key(job_id, "jobId")
@@ -78,6 +79,7 @@ class HistoryOperations(StoreBase):
         self, *, job_id: str | None = None, limit: int = DEFAULT_HISTORY_LIMIT
     ) -> list[Occurrence]:
         """Dead-lettered occurrences, most recently settled first (optionally of one job)."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         bounded = normalize_history_limit(limit)
         job = None if job_id is None else normalize_key(job_id, "jobId")
         return self._read(lambda tx: read_dead_letters(tx, job, bounded))

@@ -156,6 +156,7 @@ class JobOperations(StoreBase):
 
     def get_job(self, job_id: str) -> Job | None:
         """The job, or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(job_id, "jobId")
         return self._read(lambda tx: load_job(tx, identifier))
 

@@ -54,25 +54,30 @@ _BY_TRIGGER: Final = Prepared(
 
 @dataclass(frozen=True, slots=True)
 class EnqueueRequest:
-    """A validated enqueue: ``payload_json`` is ``None`` when the job's payload is to be used."""
+    """A validated enqueue. ``payload`` is the caller's value (``OMITTED``: the job's payload); as in
+    the seed it is validated only once the job is known to exist and be enabled (``_plan``)."""
 
     job_id: str
     scheduled_for: int
     trigger_key: str
     available_at: int
-    payload_json: str | None
+    payload: Any
 
 
 def normalize_enqueue(
     job_id: Any, scheduled_for: Any, trigger_key: Any, available_at: Any, payload: Any
 ) -> EnqueueRequest:
-    """Validate enqueue arguments in the seed's order (jobId, scheduledFor, triggerKey, availableAt)."""
+    """Validate enqueue arguments in the seed's order (jobId, scheduledFor, triggerKey, availableAt).
+
+    The payload is validated later, inside the transaction, after the job lookup (seed:
+    ``_enqueueOccurrence``): a missing or disabled job is reported before a bad payload, and
+    ``enqueue_occurrence_once_per_trigger`` returning an earlier occurrence never looks at it.
+    """
     identifier = normalize_key(job_id, "jobId")
     scheduled = normalize_epoch_ms(scheduled_for, "scheduledFor")
     key = normalize_key(trigger_key, "triggerKey")
     available = normalize_epoch_ms(scheduled if available_at is None else available_at, "availableAt")
-    payload_json = None if payload is OMITTED else normalize_and_encode_json(payload, "occurrence.payload")[1]
-    return EnqueueRequest(identifier, scheduled, key, available, payload_json)
+    return EnqueueRequest(identifier, scheduled, key, available, payload)
 
 
 def normalize_enqueue_mapping(request: Any) -> EnqueueRequest:
@@ -148,6 +153,11 @@ class _Planned:
 def _plan(tx: Tx, request: EnqueueRequest, jobs: _JobCache) -> dict[str, Any]:
     """The occurrence row an enqueue would insert (identity derived from the job's revision)."""
     job, authority_json, job_payload_json = jobs.get(tx, request.job_id)
+    payload_json = (
+        job_payload_json
+        if request.payload is OMITTED
+        else normalize_and_encode_json(request.payload, "occurrence.payload")[1]
+    )
     identity = derive_occurrence_identity(
         job_id=request.job_id,
         job_revision=job.revision,
@@ -169,7 +179,7 @@ def _plan(tx: Tx, request: EnqueueRequest, jobs: _JobCache) -> dict[str, Any]:
         "lease_owner": None,
         "lease_expires_at": None,
         "authority_json": authority_json,
-        "payload_json": job_payload_json if request.payload_json is None else request.payload_json,
+        "payload_json": payload_json,
         "last_error_json": None,
         "result_json": None,
         "created_at": tx.now,
@@ -309,7 +319,9 @@ class OccurrenceOperations(StoreBase):
 
         ``available_at`` defaults to ``scheduled_for``; an omitted ``payload`` means the job's
         payload (``payload=None`` stores JSON ``null``). Reusing an identity with another payload
-        is ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
+        is ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. As in the seed, the payload is validated
+        inside the transaction, after the job lookup: a missing job (``SCHEDULER_NOT_FOUND``) or a
+        disabled one (``SCHEDULER_JOB_DISABLED``) is reported before an invalid payload.
         """
         request = normalize_enqueue(job_id, scheduled_for, trigger_key, available_at, payload)
         return self._write(lambda tx: enqueue_in(tx, request))
@@ -323,12 +335,17 @@ class OccurrenceOperations(StoreBase):
         available_at: int | None = None,
         payload: Any = OMITTED,
     ) -> Occurrence:
-        """Like ``enqueue_occurrence``, but any earlier occurrence of the job + trigger wins."""
+        """Like ``enqueue_occurrence``, but any earlier occurrence of the job + trigger wins.
+
+        The earlier occurrence is returned (``deduplicated=True``) without comparing, or
+        validating, ``payload`` (seed: enqueueOccurrenceOncePerTrigger).
+        """
         request = normalize_enqueue(job_id, scheduled_for, trigger_key, available_at, payload)
         return self._write(lambda tx: enqueue_once_in(tx, request))
 
     def get_occurrence(self, occurrence_id: str) -> Occurrence | None:
         """The occurrence, or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_occurrence(tx, identifier))
 
@@ -336,6 +353,7 @@ class OccurrenceOperations(StoreBase):
         self, *, job_id: str, trigger_key: str, limit: int = DEFAULT_TRIGGER_LIST_LIMIT
     ) -> list[Occurrence]:
         """Occurrences of one job + trigger, oldest first (``limit`` clamped to 1..200)."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(job_id, "jobId")
         key = normalize_key(trigger_key, "triggerKey")
         bounded = normalize_trigger_list_limit(limit)

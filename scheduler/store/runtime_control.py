@@ -413,6 +413,7 @@ class RuntimeControlOperations(RequeueOperations):
 
     def get_occurrence_control(self, occurrence_id: Any) -> OccurrenceControl | None:
         """The occurrence's runtime control, or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: load_occurrence_control(tx, identifier))
 
@@ -424,6 +425,7 @@ class RuntimeControlOperations(RequeueOperations):
         limit: Any = 50,
     ) -> list[RuntimeControlOccurrence]:
         """Running, pause-requested and paused occurrences of the given kinds, most recently updated first."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         selected_statuses = normalize_runtime_control_enumeration(
             statuses, RUNTIME_CONTROL_OCCURRENCE_STATUSES, "statuses"
         )

@@ -125,6 +125,7 @@ class WorkerReadOperations(StoreBase):
 
         ``job_kinds``: only jobs of these kinds (identifiers); ``None`` = every kind.
         """
+        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
         kinds = None
         if job_kinds is not None:
             if isinstance(job_kinds, str) or not isinstance(job_kinds, (list, tuple)):
@@ -135,6 +136,7 @@ class WorkerReadOperations(StoreBase):
     def latest_trigger_ticks(self, job_id: str) -> dict[str, FiredTick]:
         """The job's last fired periodic tick per key prefix (``"cron:"``, ``"interval:"``, ``"once:"``):
         the one with the largest ``scheduled_for`` among its newest 1,000 occurrences."""
+        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
         identifier = normalize_key(job_id, "jobId")
         return self._read(lambda tx: latest_ticks_in(tx, identifier))
 
@@ -148,6 +150,7 @@ class WorkerReadOperations(StoreBase):
         """``list_runtime_control_occurrences`` for any job kind: the original accepts only its six
         product kinds; a worker may run pausable handlers of any kind. ``job_kinds=None`` = every
         kind; otherwise identifiers. Same read model, order and ``limit`` bound (1..200)."""
+        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
         selected = normalize_runtime_control_enumeration(
             statuses, RUNTIME_CONTROL_OCCURRENCE_STATUSES, "statuses"
         )
@@ -161,5 +164,6 @@ class WorkerReadOperations(StoreBase):
 
     def get_occurrence_runtime(self, occurrence_id: str) -> OccurrenceRuntime | None:
         """The occurrence's current job kind and runtime control (one read), or ``None`` if absent."""
+        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
         identifier = normalize_key(occurrence_id, "occurrenceId")
         return self._read(lambda tx: occurrence_runtime_in(tx, identifier))

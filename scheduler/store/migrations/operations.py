@@ -157,11 +157,13 @@ class DomainMigrationOperations(StoreBase):
 
     def get_domain_migration(self, migration_id: str) -> DomainMigration:
         """The migration with its entries (``SCHEDULER_MIGRATION_NOT_FOUND`` if absent)."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         identifier = _migration_id(migration_id)
         return self._read(lambda tx: q.load_migration(tx, identifier))
 
     def list_domain_migrations(self, *, state: str | None = None, limit: int = 50) -> list[DomainMigration]:
         """Migrations (without entries), most recently updated first; ``limit`` clamped to 1..200."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         normalized_state = _list_state(state)
         bounded = _list_limit(limit)
 
@@ -174,6 +176,7 @@ class DomainMigrationOperations(StoreBase):
         self, *, domain: str, source_scope: Any, source_id: str
     ) -> DomainMigration | None:
         """The migration currently holding this legacy source (not rolled back), or ``None``."""
+        self._assert_open()  # seed: a read checks the store before its arguments
         if not isinstance(domain, str) or domain not in SCHEDULER_MIGRATION_DOMAINS:
             raise invalid_argument("domain must be a supported scheduler migration domain")
         scope_digest = scheduler_migration_scope_digest(source_scope)
