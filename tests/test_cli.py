@@ -159,6 +159,8 @@ def test_verify_is_read_only_and_reports_every_check(db: Path) -> None:
         "database",
         "ok",
         "schemaVersion",
+        "userVersion",
+        "checkedAs",
         "latestVersion",
         "fingerprint",
         "expectedFingerprint",
@@ -248,6 +250,7 @@ def test_info_reports_versions_counts_and_files(db: Path) -> None:
     info = run_json("info", "--db", str(db))
     assert set(info) == {
         "database",
+        "integrity",
         "files",
         "journalMode",
         "versions",

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
@@ -303,15 +303,24 @@ def readonly_connection(target: str) -> Iterator[tuple[Path, Connection]]:
     with ``immutable=1`` instead, and afterwards the command fails (exit 1,
     ``SCHEDULER_STORAGE_UNAVAILABLE``, retryable) if the file or its sidecars changed meanwhile
     (a writer elsewhere, which ``immutable`` would not have seen).
+
+    The snapshot is ended with ROLLBACK: it has nothing to commit, and on a damaged file SQLite's
+    COMMIT can fail ("database disk image is malformed") after every read succeeded, which would
+    throw away what the command found.
     """
     path = existing_file(target)
     immutable = _needs_immutable_read(path)
     before = _file_state(path) if immutable else None
     engine = readonly_engine(path, immutable=immutable)
     try:
-        with engine.connect() as connection, connection.begin():
+        with engine.connect() as connection:
+            snapshot = connection.begin()
             connection.exec_driver_sql("BEGIN")
-            yield path, connection
+            try:
+                yield path, connection
+            finally:
+                with suppress(DBAPIError):
+                    snapshot.rollback()
     finally:
         engine.dispose()
     if before is not None and _file_state(path) != before:

@@ -17,18 +17,23 @@ from scheduler.cli.common import (
     console,
     emit_json,
     emit_listing,
+    existing_file,
     fmt_ms,
     new_table,
     not_found,
     read_store,
+    resolve_target,
     write_store,
 )
+from scheduler.cli.reads import key_option
 from scheduler.contract.constants import RUNTIME_CONTROL_OCCURRENCE_STATUSES
 from scheduler.contract.digests import (
     scheduler_adjudication_operator_digest,
     scheduler_adjudication_reason_digest,
 )
+from scheduler.contract.scalars import normalize_sha256_digest
 from scheduler.store.records import AdjudicationCase, DomainMigration, RuntimeControlOccurrence
+from scheduler.store.runtime_reads import normalize_runtime_control_enumeration
 
 adjudication_app = typer.Typer(
     help="Outcome-unknown dead letters awaiting an operator decision.", no_args_is_help=True
@@ -118,6 +123,7 @@ def adjudication_list(limit: StoreLimitOption = 50, db: DbOption = None, as_json
 @command
 def adjudication_show(occurrence_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     """One occurrence's adjudication case: the evidence a decision must quote."""
+    key_option(occurrence_id, "occurrenceId")
     with read_store(db) as store:
         case = store.get_adjudication_case(occurrence_id)
     if case is None:
@@ -142,16 +148,19 @@ def adjudication_decide(
     occurrence_id: str,
     decision: Annotated[DecisionName, typer.Option("--decision", help="What the operator confirmed.")],
     evidence_digest: Annotated[str, typer.Option("--evidence-digest", help="The case's evidence digest.")],
-    attempt: Annotated[int, typer.Option("--attempt", help="The case's attempt.")],
-    fence: Annotated[int, typer.Option("--fence", help="The case's fence.")],
+    attempt: Annotated[int, typer.Option("--attempt", min=1, help="The case's attempt (>= 1).")],
+    fence: Annotated[int, typer.Option("--fence", min=1, help="The case's fence (>= 1).")],
     reason: Annotated[str, typer.Option("--reason", help="Why (stored as its sha256 digest).")],
     operator: Annotated[str, typer.Option("--operator", help="Who decides (stored as its sha256 digest).")],
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Record a decision for an outcome-unknown dead letter (compare-and-set on the evidence)."""
+    key_option(occurrence_id, "occurrenceId")  # checked before the database is opened
+    normalize_sha256_digest(evidence_digest, "expectedEvidenceDigest")
     reason_digest = scheduler_adjudication_reason_digest(reason)
     operator_digest = scheduler_adjudication_operator_digest(operator)
+    existing_file(resolve_target(db))  # a decision needs the database it decides about: never create one
     with write_store(db) as store:
         case = store.adjudicate_occurrence(
             occurrence_id=occurrence_id,
@@ -188,6 +197,7 @@ def migrations_list(
 @command
 def migrations_show(migration_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     """One domain migration with its entries."""
+    key_option(migration_id, "migrationId")
     with read_store(db) as store:
         migration = store.get_domain_migration(migration_id)
     if migration is None:
@@ -232,8 +242,11 @@ def controls_list(
     as_json: JsonOption = False,
 ) -> None:
     """Running, pause-requested and paused occurrences, of every job kind unless --kind is given."""
-    statuses = tuple(status) if status else RUNTIME_CONTROL_OCCURRENCE_STATUSES
-    kinds = tuple(kind) if kind else None
+    # Checked like the store checks them, before the database is opened (a bad value exits 2).
+    statuses = normalize_runtime_control_enumeration(
+        status or RUNTIME_CONTROL_OCCURRENCE_STATUSES, RUNTIME_CONTROL_OCCURRENCE_STATUSES, "statuses"
+    )
+    kinds = [key_option(value, "jobKinds[]", 128) or "" for value in kind] if kind else None
     with read_store(db) as store:
         found = store.list_controllable_occurrences(statuses=statuses, job_kinds=kinds, limit=limit)
     emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: controls_table(found))

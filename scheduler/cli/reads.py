@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -25,16 +25,26 @@ from scheduler.cli.common import (
     read_store,
 )
 from scheduler.contract.constants import OCCURRENCE_STATUSES
+from scheduler.contract.storable import normalize_optional_key
 from scheduler.store.records import Event, Job, Occurrence
 
 jobs_app = typer.Typer(help="Jobs (definitions and revisions).", no_args_is_help=True)
 occurrences_app = typer.Typer(help="Occurrences (the scheduled runs of jobs).", no_args_is_help=True)
 
+# The choices, spelled out for the type checker (tests/test_cli.py checks them against the constants).
+OccurrenceStatusName = Literal["queued", "running", "retry_wait", "succeeded", "dead_letter"]
+
 JobFilter = Annotated[str | None, typer.Option("--job", help="Only this job's rows.")]
 StatusFilter = Annotated[
-    str | None,
+    OccurrenceStatusName | None,
     typer.Option("--status", help=f"Only occurrences in this status ({', '.join(OCCURRENCE_STATUSES)})."),
 ]
+
+
+def key_option(value: str | None, field: str, max_length: int = 256) -> str | None:
+    """An identifier option checked like the store checks it, before the database is opened: a
+    bad value is ``SCHEDULER_INVALID_ARGUMENT`` (exit 2) whatever the state of the database."""
+    return normalize_optional_key(value, field, max_length)
 
 
 def jobs_table(jobs: Sequence[Job]) -> Table:
@@ -95,6 +105,7 @@ def jobs_list(
     as_json: JsonOption = False,
 ) -> None:
     """List jobs by id."""
+    kind = key_option(kind, "kind", 128)
     with read_store(db) as store:
         jobs = queries.list_jobs(store.connection, kind=kind, limit=limit)
     emit_listing("jobs", jobs, limit=limit, as_json=as_json, table=lambda: jobs_table(jobs))
@@ -104,6 +115,7 @@ def jobs_list(
 @command
 def jobs_show(job_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     """Show one job and how many of its occurrences are in each status."""
+    key_option(job_id, "jobId")
     with read_store(db) as store:
         job = store.get_job(job_id)
         if job is None:
@@ -130,6 +142,7 @@ def occurrences_list(
     as_json: JsonOption = False,
 ) -> None:
     """List occurrences, most recently updated first."""
+    job = key_option(job, "jobId")
     with read_store(db) as store:
         found = queries.list_occurrences(store.connection, status=status, job_id=job, limit=limit)
     emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: occurrences_table(found))
@@ -139,6 +152,7 @@ def occurrences_list(
 @command
 def occurrences_show(occurrence_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     """Show one occurrence with its runtime control, authority reservation and adjudication."""
+    key_option(occurrence_id, "occurrenceId")
     with read_store(db) as store:
         occurrence = store.get_occurrence(occurrence_id)
         if occurrence is None:
@@ -174,6 +188,8 @@ def history_command(
     as_json: JsonOption = False,
 ) -> None:
     """The event history, newest first."""
+    key_option(job, "jobId")
+    key_option(occurrence, "occurrenceId")
     with read_store(db) as store:
         events = store.history(job_id=job, occurrence_id=occurrence, limit=limit)
     emit_listing("events", events, limit=limit, as_json=as_json, table=lambda: events_table(events))
@@ -184,6 +200,7 @@ def dead_letters_command(
     job: JobFilter = None, limit: StoreLimitOption = 50, db: DbOption = None, as_json: JsonOption = False
 ) -> None:
     """Dead-lettered occurrences, most recently settled first."""
+    key_option(job, "jobId")
     with read_store(db) as store:
         dead = store.list_dead_letters(job_id=job, limit=limit)
     emit_listing(

@@ -29,6 +29,7 @@ from scheduler.cli.common import (
     stored_journal_mode,
 )
 from scheduler.cli.verification import Verification, verify_database
+from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import catalog, ddl, offline, tables
 from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.schema.upgrade import (
@@ -230,7 +231,7 @@ def upgrade_command(
 
 def _print_verification(path: Path, verification: Verification) -> None:
     out = console()
-    out.print(f"{path}: schema v{verification.version}", markup=False)
+    out.print(f"{path}: {verification.describe()}", markup=False)
     for finding in verification.findings:
         out.print(f"{finding.check}: {finding.code}: {finding.message}", style="red", markup=False)
         if finding.details is not None:
@@ -241,7 +242,7 @@ def _print_verification(path: Path, verification: Verification) -> None:
         count = len(verification.findings)
         out.print(f"verification FAILED ({count} finding{'' if count == 1 else 's'})")
         return
-    if verification.version < LATEST_VERSION:
+    if verification.schema_version is not None and verification.schema_version < LATEST_VERSION:
         out.print(f"an upgrade to v{LATEST_VERSION} is pending (run `scheduler upgrade`)", markup=False)
     out.print("verified: ok")
 
@@ -259,12 +260,24 @@ def verify_command(db: DbOption = None, as_json: JsonOption = False) -> None:
         raise typer.Exit(EXIT_FAILURE)
 
 
+def _integrity(connection: Connection) -> dict[str, Any]:
+    """``PRAGMA quick_check`` as ``{ok}`` or ``{ok: false, code, message, details}``."""
+    try:
+        catalog.assert_database_integrity(connection)
+    except SchedulerKernelError as error:
+        return {"ok": False, "code": error.code, "message": error.message, "details": error.details}
+    return {"ok": True}
+
+
 def _info(path: Path) -> dict[str, Any]:
     with readonly_connection(str(path)) as (_, connection):
         version = catalog.read_pragma_int(connection, "user_version")
-        tables = queries.table_row_counts(connection)
+        integrity = _integrity(connection)
+        # Row counts read every page of every table: on a damaged file they are not attempted.
+        tables = queries.table_row_counts(connection) if integrity["ok"] else {}
         fingerprint = catalog.schema_fingerprint(connection)
         return {
+            "integrity": integrity,
             "database": str(path),
             "files": queries.file_sizes(path),
             "journalMode": stored_journal_mode(path, queries.pragma_text(connection, "journal_mode")),
@@ -288,6 +301,19 @@ def _info(path: Path) -> dict[str, Any]:
         }
 
 
+def _print_integrity(integrity: dict[str, Any]) -> None:
+    out = console()
+    if integrity["ok"]:
+        out.print("integrity: ok (quick_check)")
+        return
+    out.print(f"integrity: FAILED: {integrity['code']}: {integrity['message']}", style="red", markup=False)
+    if integrity["details"] is not None:
+        out.print(f"    details: {integrity['details']}", markup=False)
+    out.print(
+        "the file is damaged: run `scheduler verify`, then restore a backup that verifies", markup=False
+    )
+
+
 def _print_info(info: dict[str, Any]) -> None:
     out = console()
     versions, fingerprint = info["versions"], info["fingerprint"]
@@ -298,6 +324,7 @@ def _print_info(info: dict[str, Any]) -> None:
         f"{versions['applicationId']:#x}, package {versions['package']}, SQLite {versions['sqlite']}"
     )
     out.print(f"fingerprint: {fingerprint['actual']} ({'matches' if fingerprint['matches'] else 'DRIFT'})")
+    _print_integrity(info["integrity"])
     for migration in info["migrations"]:
         out.print(f"  v{migration['version']} {migration['name']} applied {fmt_ms(migration['appliedAt'])}")
     counts = new_table("table", "rows", title="rows per table")
@@ -313,9 +340,14 @@ def _print_info(info: dict[str, Any]) -> None:
 
 @command
 def info_command(db: DbOption = None, as_json: JsonOption = False) -> None:
-    """Versions, fingerprint, row counts, occurrences per status, file sizes, journal mode."""
+    """Versions, integrity, fingerprint, row counts, occurrences per status, file sizes, journal mode.
+
+    Exit 1 when the file is damaged (``quick_check`` fails); row counts are then not read.
+    """
     info = _info(existing_file(resolve_target(db)))
     if as_json:
         emit_json(info)
     else:
         _print_info(info)
+    if not info["integrity"]["ok"]:
+        raise typer.Exit(EXIT_FAILURE)

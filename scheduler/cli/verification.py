@@ -35,22 +35,46 @@ class Finding:
 
 @dataclass(frozen=True)
 class Verification:
-    """Everything ``scheduler verify`` reports."""
+    """Everything ``scheduler verify`` reports.
+
+    ``version`` is the schema version the checks compared the file with; ``user_version`` is what
+    the file itself says (``None``: SQLite could not read it at all).
+    """
 
     version: int
+    user_version: int | None
     fingerprint: str | None
     expected_fingerprint: str | None
     checks: list[str]
     findings: list[Finding]
+    empty: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.findings
 
+    @property
+    def schema_version(self) -> int | None:
+        """The file's schema version when it is one the store knows (1..6), else ``None``."""
+        return self.user_version if self.user_version in SCHEMA_FINGERPRINTS else None
+
+    def describe(self) -> str:
+        """What the file is, in a few words (the first line of the report)."""
+        if self.user_version is None:
+            return "not a readable SQLite database"
+        if self.schema_version is not None:
+            return f"schema v{self.schema_version}"
+        if self.empty:
+            return "an empty database"
+        known = f"not a scheduler schema version, checked as v{self.version}"
+        return f"user_version {self.user_version} is {known}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
-            "schemaVersion": self.version,
+            "schemaVersion": self.schema_version,
+            "userVersion": self.user_version,
+            "checkedAs": None if self.user_version is None else self.version,
             "latestVersion": SCHEDULER_STORE_SCHEMA_VERSION,
             "fingerprint": self.fingerprint,
             "expectedFingerprint": self.expected_fingerprint,
@@ -62,13 +86,17 @@ class Verification:
         }
 
 
-def _version_to_verify(connection: Connection) -> int:
-    """The database's own ``user_version`` when it is a known one (1..6), else the current one."""
+def _user_version(connection: Connection) -> int | None:
+    """``PRAGMA user_version``, or ``None`` when SQLite cannot read the file's header."""
     try:
-        version = catalog.read_pragma_int(connection, "user_version")
+        return catalog.read_pragma_int(connection, "user_version")
     except DBAPIError:
-        return SCHEDULER_STORE_SCHEMA_VERSION
-    return version if version in SCHEMA_FINGERPRINTS else SCHEDULER_STORE_SCHEMA_VERSION
+        return None
+
+
+def _version_to_verify(user_version: int | None) -> int:
+    """The database's own version when it is a known one (1..6), else the current one."""
+    return user_version if user_version in SCHEMA_FINGERPRINTS else SCHEDULER_STORE_SCHEMA_VERSION
 
 
 def _shape_check(table: str, version: int) -> Check:
@@ -105,7 +133,7 @@ def _run(name: str, check: Check, connection: Connection) -> Finding | None:
 
 def _unreadable(version: int, error: DBAPIError) -> Verification:
     finding = Finding("integrity", catalog.SCHEMA_CORRUPT, f"not a readable SQLite database: {error.orig}")
-    return Verification(version, None, SCHEMA_FINGERPRINTS.get(version), ["integrity"], [finding])
+    return Verification(version, None, None, SCHEMA_FINGERPRINTS.get(version), ["integrity"], [finding])
 
 
 def verify_database(connection: Connection) -> Verification:
@@ -114,7 +142,8 @@ def verify_database(connection: Connection) -> Verification:
     An empty database gets only the integrity check and one finding saying it is empty; a file
     SQLite cannot read at all gets one integrity finding.
     """
-    version = _version_to_verify(connection)
+    user_version = _user_version(connection)
+    version = _version_to_verify(user_version)
     try:
         present = catalog.list_user_tables(connection)
         fingerprint = catalog.schema_fingerprint(connection)
@@ -131,8 +160,10 @@ def verify_database(connection: Connection) -> Verification:
         )
     return Verification(
         version=version,
+        user_version=user_version,
         fingerprint=fingerprint,
         expected_fingerprint=SCHEMA_FINGERPRINTS.get(version),
         checks=names,
         findings=findings,
+        empty=empty,
     )
