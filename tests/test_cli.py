@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -10,14 +9,14 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 import pytest
+from cli_support import invoke, run_json, sha256
+from cli_support import isolated_environment as isolated_environment
 from recorded import copy_reference, reference_dump
-from typer.testing import CliRunner, Result
 
 from scheduler import open_store
-from scheduler.cli import app
 from scheduler.cli.operator import DecisionName, MigrationStateName
 from scheduler.contract.constants import (
     CONFIRMED_APPLIED,
@@ -28,28 +27,6 @@ from scheduler.schema import SCHEMA_V6_FINGERPRINT
 from scheduler.testing import T0, SchedulerClock
 
 AUTHORITY = {"principal": {"type": "service", "id": "cli-test"}, "requestedCapabilities": ["report.run"]}
-
-runner = CliRunner()
-
-
-def invoke(*args: str) -> Result:
-    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
-
-
-def run_json(*args: str, exit_code: int = 0) -> Any:
-    result = invoke(*args, "--json")
-    assert result.exit_code == exit_code, result.output
-    return json.loads(result.stdout)
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(autouse=True)
-def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SCHEDULER_DATABASE_URL", raising=False)
-    monkeypatch.setenv("SCHEDULER_HOME", str(tmp_path / "scheduler-home"))
 
 
 @pytest.fixture

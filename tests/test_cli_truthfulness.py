@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -18,30 +17,20 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from typer.testing import CliRunner, Result
+from cli_support import invoke, sha256
+from cli_support import isolated_environment as isolated_environment
+from typer.testing import Result
 
 from scheduler import open_store
-from scheduler.cli import app
 from scheduler.cli.reads import OccurrenceStatusName
 from scheduler.contract.constants import OCCURRENCE_STATUSES
 from scheduler.testing import T0
 
-runner = CliRunner()
 AUTHORITY = {"principal": {"type": "service", "id": "cli"}, "requestedCapabilities": ["run"]}
-
-
-def invoke(*args: str) -> Result:
-    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
 
 
 def as_json(result: Result) -> Any:
     return json.loads(result.stdout)
-
-
-@pytest.fixture(autouse=True)
-def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SCHEDULER_DATABASE_URL", raising=False)
-    monkeypatch.setenv("SCHEDULER_HOME", str(tmp_path / "scheduler-home"))
 
 
 @pytest.fixture
@@ -67,10 +56,6 @@ def damaged_copy(healthy: Path, table: str) -> Path:
         file.seek((root - 1) * page_size)
         file.write(bytes([0x0D, 0xFF, 0xFF, 0x7F, 0xFF]))  # leaf page, absurd freeblock and cell count
     return target
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # --------------------------------------------------------------------------- damaged pages
