@@ -161,8 +161,27 @@ BAD_OPTIONS = [
     ("migrations", "show", ""),
     ("controls", "list", "--status", "bogus"),
     ("controls", "list", "--status", "running", "--status", "finished"),
-    ("controls", "list", "--kind", "mail"),
+    ("controls", "list", "--kind", ""),
+    ("controls", "list", "--kind", "k\udcff"),
     ("controls", "list", "--limit", "0"),
+    ("requeue", "occ_x", "--fence", "0"),
+    ("requeue", "occ_x", "--request-id", ""),
+    ("requeue", "occ_x", "--error-code", " "),
+    ("requeue", "\udcff"),
+    ("pause", "occ_x", "--fence", "-1"),
+    ("pause", "occ_x", "--safe-point", "bogus"),
+    ("pause", "occ_x", "--request-id", "a\x01b"),
+    ("resume", "occ_x", "--revision", "0"),
+    ("resume", "\udcff"),
+    ("prune", "--older-than", "soon"),
+    ("prune", "--older-than", "-5d"),
+    ("prune", "--older-than", "30d", "--status", "queued"),
+    ("prune", "--older-than", "30d", "--batch-size", "0"),
+    ("worker", "tests.handlers:HANDLERS", "--kinds", ","),
+    ("worker", "tests.handlers:HANDLERS", "--kinds", "mail,\udcff"),
+    ("worker", "tests.handlers:HANDLERS", "--lease-ms", "86400001"),
+    ("worker", "tests.handlers:HANDLERS", "--missed-ticks", "some"),
+    ("worker", "tests.handlers:HANDLERS", "--concurrency", "0"),
 ]
 DECIDE = ["adjudication", "decide", "--evidence-digest", "sha256:" + "ab" * 32, "--operator", "o"]
 BAD_DECISIONS = [
@@ -191,6 +210,21 @@ def test_a_bad_decision_option_exits_2_and_creates_nothing(tmp_path: Path, optio
     missing = tmp_path / "missing.sqlite"
     result = invoke(*DECIDE, *options, "--db", str(missing))
     assert result.exit_code == 2, result.output
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [("requeue", "occ_x"), ("pause", "occ_x"), ("resume", "occ_x"), ("prune", "--older-than", "30d")],
+    ids=lambda arguments: arguments[0],
+)
+def test_a_write_command_on_a_missing_database_is_not_found_and_creates_nothing(
+    tmp_path: Path, arguments: tuple[str, ...]
+) -> None:
+    missing = tmp_path / "missing.sqlite"
+    result = invoke(*arguments, "--db", str(missing), "--json")
+    assert result.exit_code == 1, result.output
+    assert as_json(result)["error"]["code"] == "SCHEDULER_NOT_FOUND"
     assert not missing.exists()
 
 

@@ -4,6 +4,9 @@ Write commands default the compare-and-set evidence (fence, error code, control 
 the occurrence shows now and derive their request id from it, so repeating a command is idempotent
 (the store answers ``deduplicated``) and a command never acts on a state the operator did not see
 when it ran.
+
+Every option value is checked before the database is opened (a bad value exits 2), and the write
+commands need an existing database: they never create one.
 """
 
 from __future__ import annotations
@@ -20,15 +23,19 @@ from scheduler.cli.common import (
     command,
     console,
     emit_json,
+    existing_file,
     fmt_ms,
     new_table,
     not_found,
     read_store,
+    resolve_target,
     write_store,
 )
+from scheduler.cli.reads import key_option
 from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
+from scheduler.contract.runtime_control import normalize_runtime_control_capability
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PruneResult
+from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PRUNABLE_STATUSES, PruneResult
 from scheduler.store.records import Occurrence
 from scheduler.store.stats import StoreStats
 
@@ -48,6 +55,11 @@ def parse_duration_ms(text: str) -> int:
             code="CLI_USAGE",
         )
     return sum(int(number) * _UNITS[unit] for number, unit in parts)
+
+
+def _require_database(db: str | None) -> None:
+    """A write command acts on an existing database: it never creates one (exit 1 otherwise)."""
+    existing_file(resolve_target(db))
 
 
 def _occurrence(store: SchedulerStore, occurrence_id: str) -> Occurrence:
@@ -71,7 +83,8 @@ def _print_occurrence(occurrence: Occurrence, note: str) -> None:
 
 
 FenceOption = Annotated[
-    int | None, typer.Option("--fence", help="Expected fence (default: the occurrence's current fence).")
+    int | None,
+    typer.Option("--fence", min=1, help="Expected fence (default: the occurrence's current fence)."),
 ]
 RequestOption = Annotated[
     str | None, typer.Option("--request-id", help="Idempotency key (default: derived from the evidence).")
@@ -90,6 +103,10 @@ def requeue_command(
     as_json: JsonOption = False,
 ) -> None:
     """Send a dead letter back to retry_wait; its next claim does not consume an attempt."""
+    key_option(occurrence_id, "occurrenceId")
+    key_option(error_code, "expectedErrorCode", 128)
+    key_option(request_id, "requestId", 128)
+    _require_database(db)
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
         code = error_code
@@ -134,6 +151,10 @@ def pause_command(
     """Ask the worker running an occurrence to pause at its next safe point (ctx.checkpoint)."""
     points = list(safe_point) if safe_point else [SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE]
     capability = {"pauseResume": "checkpoint_v1", "safePoints": points}
+    key_option(occurrence_id, "occurrenceId")
+    key_option(request_id, "requestId", 128)
+    normalize_runtime_control_capability(capability)  # unknown safe points exit 2
+    _require_database(db)
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
         expected_fence = current.fence if fence is None else fence
@@ -157,13 +178,17 @@ def pause_command(
 def resume_command(
     occurrence_id: str,
     revision: Annotated[
-        int | None, typer.Option("--revision", help="Expected control revision (default: the current one).")
+        int | None,
+        typer.Option("--revision", min=1, help="Expected control revision (default: the current one)."),
     ] = None,
     request_id: RequestOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Make a paused occurrence claimable again; the resumed run gets its checkpoint."""
+    key_option(occurrence_id, "occurrenceId")
+    key_option(request_id, "requestId", 128)
+    _require_database(db)
     with write_store(db) as store:
         control = store.get_occurrence_control(occurrence_id)
         if control is None:
@@ -204,7 +229,15 @@ def prune_command(
     rollback-able domain migration still needs, and each job's last fired periodic tick.
     """
     age = parse_duration_ms(older_than)
-    statuses = tuple(status) if status else ("succeeded", "dead_letter")
+    statuses = tuple(status) if status else PRUNABLE_STATUSES
+    unknown = [value for value in statuses if value not in PRUNABLE_STATUSES]
+    if unknown:
+        raise CliFailure(
+            f"--status may only be {' or '.join(PRUNABLE_STATUSES)}, not {', '.join(map(repr, unknown))}",
+            exit_code=EXIT_USAGE,
+            code="CLI_USAGE",
+        )
+    _require_database(db)
     with write_store(db) as store:
         result = store.prune(older_than_ms=age, batch_size=batch_size, dry_run=dry_run, statuses=statuses)
     if as_json:

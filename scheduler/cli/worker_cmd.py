@@ -11,7 +11,17 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from scheduler.cli.common import DbOption, JsonOption, command, resolve_target, write_store
+from scheduler.cli.common import (
+    EXIT_USAGE,
+    CliFailure,
+    DbOption,
+    JsonOption,
+    command,
+    resolve_target,
+    write_store,
+)
+from scheduler.cli.reads import key_option
+from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.worker import RetryPolicy, Worker
 from scheduler.worker.loading import load_handlers
 
@@ -61,6 +71,14 @@ Kinds = Annotated[
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
+def _kinds(text: str) -> list[str]:
+    """``--kinds a,b``: job kinds checked like the store checks them (at least one)."""
+    selected = [key_option(kind, "jobKind", 128) or "" for kind in text.split(",") if kind.strip()]
+    if not selected:
+        raise CliFailure("--kinds names no job kind", exit_code=EXIT_USAGE, code="CLI_USAGE")
+    return selected
+
+
 @command
 def worker_command(
     handlers: Annotated[str, typer.Argument(help="MODULE:ATTR naming a mapping of job kind to handler.")],
@@ -69,7 +87,9 @@ def worker_command(
         int, typer.Option("--concurrency", min=1, max=1000, help="Occurrences at once.")
     ] = 1,
     kinds: Kinds = None,
-    lease_ms: Annotated[int, typer.Option("--lease-ms", min=1, help="Lease per claim (ms).")] = 30_000,
+    lease_ms: Annotated[
+        int, typer.Option("--lease-ms", min=1, max=MAX_LEASE_MS, help="Lease per claim (ms).")
+    ] = 30_000,
     grace_ms: Annotated[
         int, typer.Option("--grace-ms", min=0, help="Shutdown grace period for in-flight work (ms).")
     ] = 30_000,
@@ -94,8 +114,8 @@ def worker_command(
     On a signal the worker stops claiming, lets in-flight handlers finish within --grace-ms and
     exits 0 (a second signal ends the grace period). Logs go to stderr (--json: one JSON object per line).
     """
+    selected = None if kinds is None else _kinds(kinds)  # option values first: a bad one exits 2
     mapping = load_handlers(handlers)
-    selected = None if kinds is None else [kind.strip() for kind in kinds.split(",") if kind.strip()]
     with write_store(resolve_target(db)) as store:
         worker = Worker(
             store,
