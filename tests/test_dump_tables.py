@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dump import dump
 from recorded import T0, UPGRADE_NOW, VERSIONS, copy_reference, reference_dump
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.schema import metadata
@@ -73,6 +74,28 @@ def test_tables_are_addressed_through_the_connections_schema_translation(tmp_pat
             connection.exec_driver_sql(f"ATTACH DATABASE '{path}' AS kernel")
             translated = connection.execution_options(schema_translate_map={None: "kernel"})
             assert dump_tables(SchedulerStore.on_connection(translated, clock=lambda: T0)) == expected
+    finally:
+        engine.dispose()
+
+
+def test_a_store_in_an_attached_database_dumps_its_own_tables(tmp_path: Path) -> None:
+    """``open_store(engine, schema="kernel")``: the attached database's rows, sqlite_sequence included."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.sqlite'}")
+
+    @event.listens_for(engine, "connect")
+    def _attach(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute(f"ATTACH DATABASE '{tmp_path / 'kernel.sqlite'}' AS kernel")
+
+    with engine.begin() as connection:  # the application's own counter, in its main database
+        connection.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT)")
+        connection.exec_driver_sql("INSERT INTO orders DEFAULT VALUES")
+    try:
+        with open_store(engine, schema="kernel", clock=lambda: T0) as store:
+            store.create_job(id="attached", kind="k", authority=AUTHORITY)
+            tables = dump_tables(store)
+        assert tables["sqlite_sequence"] == [{"name": "events", "seq": 1}]
+        assert [row["job_id"] for row in tables["jobs"]] == ["attached"]
+        assert tables == dump(tmp_path / "kernel.sqlite")["tables"]
     finally:
         engine.dispose()
 
