@@ -5,6 +5,8 @@
 * ``pg_engine`` (session): an engine on the test run's database.
 * ``pg_schema``: a fresh schema name (not created yet), dropped with everything in it afterwards.
 * ``pg_database``: a fresh, empty database (URL), dropped afterwards.
+* ``wheel_env`` (session): this project built as a wheel and installed into a fresh venv
+  (``wheel_support.py``), for tests that use it as an application would.
 * ``backend``: parametrized ``"sqlite"`` / ``"postgresql"``; a ``backends.Backend`` with an
   engine and the schema to use. Use it to run one test body on both backends.
 """
@@ -33,6 +35,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace
+from wheel_support import InstalledWheel, install_wheel
 
 from scheduler import open_store
 
@@ -130,3 +133,10 @@ def shared_pg_schema(postgres_server: PostgresServer) -> Iterator[str]:
     open_store(postgres_server.engine, schema=schema, clock=lambda: T0).close()
     yield schema
     postgres_server.drop_schema(schema)
+
+
+@pytest.fixture(scope="session")
+def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
+    installed = install_wheel(tmp_path_factory.mktemp("wheel"))
+    installed.check()
+    return installed

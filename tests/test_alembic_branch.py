@@ -18,7 +18,7 @@ import pytest
 from backends import PostgresServer
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import URL
-from wheel_support import InstalledWheel, copy_example, install_wheel
+from wheel_support import InstalledWheel, copy_example
 
 from scheduler.schema import (
     SCHEDULER_APPLICATION_ID,
@@ -28,13 +28,6 @@ from scheduler.schema import (
 )
 
 T0 = 1_767_225_600_000
-
-
-@pytest.fixture(scope="session")
-def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
-    installed = install_wheel(tmp_path_factory.mktemp("wheel"))
-    installed.check()
-    return installed
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema.catalog import verify_catalog, verify_schema
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
-from scheduler.schema.target import SchemaTarget, schema_target
+from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files, opening_postgresql
 from scheduler.store.clock import wall_clock
@@ -41,6 +41,8 @@ log = logging.getLogger("scheduler.store")
 
 MEMORY = ":memory:"
 _PRIOR_ISOLATION = "scheduler_prior_isolation_level"
+_PRIOR_BUSY_TIMEOUT = "scheduler_prior_busy_timeout"
+_CHECKPOINT_SCHEMA = "scheduler_checkpoint_schema"
 DEFAULT_FILE_NAME = "kernel-v1.sqlite"
 
 
@@ -170,29 +172,63 @@ class _OpenProgress:
 
 def _initialize_or_upgrade(conn: Connection, now: int, progress: _OpenProgress, target: SchemaTarget) -> None:
     """Create an empty database or upgrade v1..v5 to v6 in ONE ``BEGIN IMMEDIATE`` transaction."""
-    schema = target.schema
-    version = inspect_database(conn, schema=schema)  # runs quick_check
+    schema, exclusive = target.schema, target.exclusive
+    version = inspect_database(conn, schema=schema, exclusive=exclusive)  # runs quick_check
     conn.commit()
     if version == SCHEDULER_STORE_SCHEMA_VERSION:
-        verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema)  # quick_check just passed
+        # quick_check just passed
+        verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema, exclusive=exclusive)
     else:
         transaction = conn.begin()
         try:
             begin_sqlite_transaction(conn)
             # Re-inspect under the write lock: another process may have upgraded meanwhile.
-            version = inspect_database(conn, schema=schema)
+            version = inspect_database(conn, schema=schema, exclusive=exclusive)
             if version == SCHEDULER_STORE_SCHEMA_VERSION:
                 transaction.commit()
             else:
-                apply_upgrade(conn, version, now, schema=schema)
+                apply_upgrade(conn, version, now, schema=schema, exclusive=exclusive)
                 with progress.commit():
                     transaction.commit()
         except BaseException:
             with suppress(Exception):
                 transaction.rollback()
             raise
-        verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema)
+        verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema, exclusive=exclusive)
     conn.commit()
+
+
+def owns_file(schema: str | None, exclusive: bool) -> bool:
+    """Whether the store owns the connection's main file: the original's dedicated layout.
+
+    A file shared with the application (``exclusive=False``) or a database attached to the
+    application's connection (``schema`` other than ``main``) is the application's: the store
+    changes no file property and no connection-wide setting of it (API §8).
+    """
+    return exclusive and (schema is None or schema.lower() == "main")
+
+
+def _configure_shared(conn: Connection, target: SchemaTarget, given_engine: bool, timeout_ms: int) -> None:
+    """Connection set-up of a shared or attached layout: nothing of the application's changes.
+
+    The store's own connection (a path) gets ``foreign_keys``/``trusted_schema`` as usual: they
+    are that connection's. An application's connection must already enforce foreign keys (the
+    scheduler's tables rely on them) and keeps its ``trusted_schema``; its ``busy_timeout`` is
+    restored on close. ``journal_mode`` is never set (an unqualified one would switch the
+    attached files too); ``synchronous`` only for the scheduler's schema.
+    """
+    if given_engine:
+        if int(_pragma_value(conn, "PRAGMA foreign_keys")) != 1:
+            raise invalid_argument(
+                "The application's connection has foreign_keys off: the scheduler's tables need "
+                "PRAGMA foreign_keys = ON on every connection (scheduler.sqlite_engine sets it)"
+            )
+        conn.info[_PRIOR_BUSY_TIMEOUT] = int(_pragma_value(conn, "PRAGMA busy_timeout"))
+    else:
+        for pragma in open_pragmas():
+            _pragma(conn, pragma)
+    _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
+    conn.info[_CHECKPOINT_SCHEMA] = target.schema
 
 
 def _set_file_pragmas(conn: Connection, progress: _OpenProgress) -> None:
@@ -204,27 +240,39 @@ def _set_file_pragmas(conn: Connection, progress: _OpenProgress) -> None:
 
 
 def _connect(
-    engine: Engine, path: Path | None, timeout_ms: int, now: int, progress: _OpenProgress, schema: str | None
+    engine: Engine,
+    path: Path | None,
+    timeout_ms: int,
+    now: int,
+    progress: _OpenProgress,
+    schema: str | None,
+    exclusive: bool,
+    given_engine: bool,
 ) -> tuple[Connection, SchemaTarget]:
     """Check out the store's connection in driver-autocommit mode and bring the schema to v6.
 
-    The previous driver isolation level is kept in ``conn.info`` and restored on close, so a
-    caller's pooled connection goes back to the pool as it came.
+    The previous driver isolation level (and, on an application's connection, busy timeout) is
+    kept in ``conn.info`` and restored on close, so a caller's pooled connection goes back to the
+    pool as it came.
     """
     conn = engine.connect()
     dbapi_connection: Any = conn.connection.dbapi_connection
     conn.info[_PRIOR_ISOLATION] = dbapi_connection.isolation_level
     dbapi_connection.isolation_level = None
     try:
-        target = schema_target(conn, schema)
-        for pragma in open_pragmas():
-            _pragma(conn, pragma)
-        _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
+        target = schema_target(conn, schema, exclusive)
+        own = owns_file(target.schema, target.exclusive)
+        if not own:
+            _configure_shared(conn, target, given_engine, timeout_ms)
+        else:
+            for pragma in open_pragmas():
+                _pragma(conn, pragma)
+            _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
         _initialize_or_upgrade(conn, now, progress, target)
-        if path is not None:
+        if path is not None and own:
             _set_file_pragmas(conn, progress)
         for pragma in DURABILITY_PRAGMAS:
-            _pragma(conn, pragma)
+            _pragma(conn, pragma if own else target.pragma(pragma.removeprefix("PRAGMA ")))
     except BaseException:
         _release(conn, checkpoint=False)
         raise
@@ -247,14 +295,21 @@ def _checkpoint(conn: Connection) -> None:
     """
     timeout = int(_pragma_value(conn, "PRAGMA busy_timeout"))
     _pragma(conn, "PRAGMA busy_timeout = 0")
+    schema = conn.info.get(_CHECKPOINT_SCHEMA)
+    statement = CHECKPOINT_ON_CLOSE
+    if schema is not None:  # shared/attached: only the scheduler's database file
+        statement = statement.replace("PRAGMA ", f"PRAGMA {quote_identifier(schema)}.", 1)
     try:
-        _pragma(conn, CHECKPOINT_ON_CLOSE)
+        _pragma(conn, statement)
     finally:
         _pragma(conn, f"PRAGMA busy_timeout = {timeout}")
 
 
 def _restore_isolation(conn: Connection) -> None:
     dbapi_connection: Any = conn.connection.dbapi_connection
+    if dbapi_connection is not None and _PRIOR_BUSY_TIMEOUT in conn.info:
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(conn.info.pop(_PRIOR_BUSY_TIMEOUT))}").close()
+    conn.info.pop(_CHECKPOINT_SCHEMA, None)
     if dbapi_connection is not None and _PRIOR_ISOLATION in conn.info:
         dbapi_connection.isolation_level = conn.info.pop(_PRIOR_ISOLATION)
 
@@ -311,19 +366,32 @@ def open_store(
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     uuid_factory: Any = None,
     schema: str | None = None,
+    exclusive: bool = True,
 ) -> SchedulerStore:
     """Open (creating or upgrading to schema v6) a scheduler store.
 
     ``target`` is a file path, ``":memory:"``, an SQLAlchemy URL, an ``Engine``, or ``None`` for
     the default path. ``schema`` is where the scheduler's tables live (SQLite: ``"main"``, the
     default, or an attached database of the engine's connections; PostgreSQL: a schema, default
-    ``"scheduler"``); every statement of the store addresses them there. Refused databases are
-    left byte-for-byte untouched.
+    ``"scheduler"``); every statement of the store addresses them there. ``exclusive`` (SQLite):
+    ``True`` (default) when the file holds the scheduler's catalog and nothing else; ``False``
+    for a file shared with the application (scoped verification, version from ``migrations``).
+    In a shared or attached layout the store changes no file property and no connection-wide
+    setting of the application's (no ``journal_mode``, ``application_id``, ``user_version``,
+    ``trusted_schema``, file mode), and refuses an application connection whose
+    ``foreign_keys`` is off (``SCHEDULER_INVALID_ARGUMENT``). Refused databases are left
+    byte-for-byte untouched, their mode included.
     """
     valid_clock, timeout_ms, valid_uuid = _validate_options(clock, busy_timeout_ms, uuid_factory)
+    if not isinstance(exclusive, bool):
+        raise invalid_argument("exclusive must be a boolean")
     url, path, given_engine = _resolve(target)
     backend = given_engine.dialect.name if given_engine else make_url(str(url)).get_backend_name()
     if backend == "postgresql":
+        if not exclusive:
+            raise invalid_argument(
+                "exclusive=False applies to SQLite only: a PostgreSQL schema is the scheduler's"
+            )
         return _open_postgresql(
             url,
             given_engine,
@@ -333,6 +401,7 @@ def open_store(
             schema,
         )
     now = normalize_epoch_ms(valid_clock(), "clock result")
+    secure_files = owns_file(schema, exclusive)
     progress = _OpenProgress()
     try:
         if path is not None:
@@ -341,8 +410,10 @@ def open_store(
             files.check_writable(path)
             files.create_private_file(path)
         engine = given_engine or _own_engine(str(url), path, timeout_ms)
-        conn, schema_place = _connect(engine, path, timeout_ms, now, progress, schema)
-        if path is not None:
+        conn, schema_place = _connect(
+            engine, path, timeout_ms, now, progress, schema, exclusive, given_engine is not None
+        )
+        if path is not None and secure_files:
             try:
                 files.secure_existing_files(path)
             except BaseException:
