@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backends import PostgresServer
-from sqlalchemy.engine import URL
 from wheel_support import InstalledWheel, copy_example
 
 SCRIPT = """
@@ -109,19 +106,3 @@ def test_shop_on_sqlite(wheel_env: InstalledWheel, tmp_path: Path, layout: str) 
         run_ok(wheel_env.run("-m", "scheduler", "init", "--db", env["SHOP_KERNEL"], cwd=shop, env=env))
     exercise(wheel_env, shop, env)
 
-
-@pytest.fixture
-def shop_database(postgres_server: PostgresServer) -> Iterator[URL]:
-    url = postgres_server.create_database()
-    yield url
-    postgres_server.drop_database(url)
-
-
-def test_shop_on_postgresql(wheel_env: InstalledWheel, tmp_path: Path, shop_database: URL) -> None:
-    shop = copy_example("shop", tmp_path)
-    env = {
-        "SHOP_LAYOUT": "postgresql",
-        "SHOP_DATABASE": shop_database.render_as_string(hide_password=False),
-        "SHOP_SCHEMA": "scheduler",
-    }
-    exercise(wheel_env, shop, env)
