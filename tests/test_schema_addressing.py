@@ -129,6 +129,7 @@ def attached_engine(tmp_path: Path) -> Iterator[Engine]:
     def connect() -> sqlite3.Connection:
         connection = sqlite3.connect(app, isolation_level=None, check_same_thread=False)
         connection.execute(f"ATTACH DATABASE '{kernel}' AS {KERNEL}")
+        connection.execute("PRAGMA foreign_keys = ON")  # open_store refuses an app connection without
         return connection
 
     engine = create_engine("sqlite://", creator=connect, poolclass=NullPool)
