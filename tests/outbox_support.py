@@ -28,6 +28,7 @@ from scheduler import SchedulerStore, open_store
 JOB_ID = "send-receipt"
 AUTHORITY = {"principal": {"type": "service", "id": "shop"}, "requestedCapabilities": ["email.send"]}
 ROLLBACK_EVERY = 10
+MAX_WORKER_FAILURES = 20
 
 
 class Base(DeclarativeBase):
@@ -136,6 +137,8 @@ def worker_main(spec_json: str) -> None:
                 occurrence = store.claim_next(owner_id="worker", lease_ms=60_000)
             except Exception as error:
                 failures.append(f"claim: {error}")
+                if len(failures) >= MAX_WORKER_FAILURES:
+                    break  # report instead of spinning on a persistent failure
                 continue
             if occurrence is None:
                 if stop.exists():
