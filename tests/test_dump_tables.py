@@ -85,6 +85,7 @@ def test_a_store_in_an_attached_database_dumps_its_own_tables(tmp_path: Path) ->
     @event.listens_for(engine, "connect")
     def _attach(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.execute(f"ATTACH DATABASE '{tmp_path / 'kernel.sqlite'}' AS kernel")
+        dbapi_connection.execute("PRAGMA foreign_keys = ON")  # open_store refuses an app connection without
 
     with engine.begin() as connection:  # the application's own counter, in its main database
         connection.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT)")
