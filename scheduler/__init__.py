@@ -42,6 +42,7 @@ from scheduler.store.records import (
     RequeueResult,
     RuntimeControlOccurrence,
     SchemaInfo,
+    SettledAndClaimed,
 )
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -83,6 +84,7 @@ __all__ = [
     "SchedulerKernelError",
     "SchedulerStore",
     "SchemaInfo",
+    "SettledAndClaimed",
     "alembic_version_location",
     "canonical_json",
     "default_database_path",

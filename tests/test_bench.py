@@ -41,6 +41,14 @@ EXPECTED_FIGURES = {
     "history_limit50_peak_kib",
     "rss_at_max_depth_mb",
     "rss_bench_peak_mb",
+    "adv_disabled_ahead_ms",
+    "adv_kind_behind_ms",
+    "adv_no_workspace_ms",
+    "adv_expired_fleet_ms",
+    "adv_dead_letters_ms",
+    "adv_adjudication_ms",
+    "adv_fleet_workers_cycles",
+    "adv_fleet_workers_busy",
 }
 DEPTH_METRICS = (
     "claim_settle_median_ms",
@@ -88,6 +96,9 @@ def test_every_figure_is_measured_and_positive(quick_run: dict[str, Any]) -> Non
     assert set(figures) == expected
     for key, figure in figures.items():
         assert figure["na"] is None, (key, figure["na"])
+        if key == "adv_fleet_workers_busy":  # a count of failures: zero is the goal
+            assert figure["value"] == 0, figure
+            continue
         assert isinstance(figure["value"], float) and figure["value"] > 0, key
         if figure["kind"] in ("rate", "latency"):
             assert figure["ratio_to_floor"] > 0, key

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from lifecycle_support import CAPABILITY_DIGEST, CAPABILITY_JSON, DIGEST, T0
 from sqlalchemy import event
 
 from scheduler import SchedulerStore, canonical_json, normalize_authority_envelope, open_store
+from scheduler.store import claim_query
 
 NOW = T0 + 100_000
 LEASE = 30_000
@@ -87,7 +89,7 @@ SEED_CANDIDATE = """
            AND r.claimed_at IS NULL
            AND r.expected_fence = o.fence
           WHERE j.enabled = 1
-            AND (@jobKind IS NULL OR j.kind = @jobKind)
+            AND (@jobKinds IS NULL OR j.kind IN (SELECT value FROM json_each(@jobKinds)))
             AND (
               @workspaceId IS NULL
               OR json_extract(j.authority_json, '$.workspaceId') = @workspaceId
@@ -284,10 +286,17 @@ def seed_claim(
     return str(occurrence_id)
 
 
-def seed_claim_next(db: sqlite3.Connection, job_kind: str | None, workspace_id: str | None) -> str | None:
+def seed_kinds(job_kind: Any) -> str | None:
+    """The seed's ``j.kind = @jobKind`` generalized to "any of these kinds" (a JSON array or NULL)."""
+    if job_kind is None:
+        return None
+    return canonical_json([job_kind] if isinstance(job_kind, str) else list(job_kind))
+
+
+def seed_claim_next(db: sqlite3.Connection, job_kind: Any, workspace_id: str | None) -> str | None:
     seed_sweep(db)
     candidate = db.execute(
-        SEED_CANDIDATE, {"now": NOW, "jobKind": job_kind, "workspaceId": workspace_id}
+        SEED_CANDIDATE, {"now": NOW, "jobKinds": seed_kinds(job_kind), "workspaceId": workspace_id}
     ).fetchone()
     if candidate is None:
         return None
@@ -295,6 +304,19 @@ def seed_claim_next(db: sqlite3.Connection, job_kind: str | None, workspace_id: 
     return seed_claim(
         db, candidate, False, control if control["state"] else None, candidate["retry_request_id"]
     )
+
+
+def seed_claim_batch(
+    db: sqlite3.Connection, limit: int, job_kind: Any, workspace_id: str | None
+) -> list[str]:
+    """``limit`` successive seed ``claimNext`` calls (what ``claim_batch`` must equal)."""
+    claimed = []
+    for _ in range(limit):
+        occurrence_id = seed_claim_next(db, job_kind, workspace_id)
+        if occurrence_id is None:
+            break
+        claimed.append(occurrence_id)
+    return claimed
 
 
 def seed_claim_occurrence(db: sqlite3.Connection, occurrence_id: str) -> str | None:
@@ -368,7 +390,7 @@ jobs_strategy = st.lists(
     st.builds(
         JobSpec,
         job_id=st.just(""),
-        kind=st.sampled_from(["agenda", "routine"]),
+        kind=st.sampled_from(["agenda", "routine", "nightly"]),
         enabled=st.sampled_from([True, True, True, False]),
         workspace=st.sampled_from([None, "ws-a", "ws-b"]),
     ),
@@ -561,9 +583,10 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Schedule
         store.close()
 
 
-FILTERS = st.tuples(
-    st.sampled_from([None, None, "agenda", "routine"]), st.sampled_from([None, None, "ws-a", "ws-b"])
+KINDS = st.sampled_from(
+    [None, None, "agenda", "routine", ["agenda"], ("routine", "agenda"), ["agenda", "nightly"], ["nightly"]]
 )
+FILTERS = st.tuples(KINDS, st.sampled_from([None, None, "ws-a", "ws-b"]))
 EQUIVALENCE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -589,9 +612,7 @@ def ids(result: Any) -> Any:
 
 @EQUIVALENCE
 @given(state=states_strategy, filters=FILTERS)
-def test_claim_next_matches_the_seed(
-    harness: Any, state: Any, filters: tuple[str | None, str | None]
-) -> None:
+def test_claim_next_matches_the_seed(harness: Any, state: Any, filters: tuple[Any, str | None]) -> None:
     store, db = harness
     build_state(db, *state)
     job_kind, workspace_id = filters
@@ -609,22 +630,13 @@ def test_claim_next_matches_the_seed(
 @EQUIVALENCE
 @given(state=states_strategy, filters=FILTERS, limit=st.integers(1, 6))
 def test_claim_batch_matches_successive_seed_claims(
-    harness: Any, state: Any, filters: tuple[str | None, str | None], limit: int
+    harness: Any, state: Any, filters: tuple[Any, str | None], limit: int
 ) -> None:
     store, db = harness
     build_state(db, *state)
     job_kind, workspace_id = filters
 
-    def seed_batch(connection: sqlite3.Connection) -> list[str]:
-        claimed = []
-        for _ in range(limit):
-            occurrence_id = seed_claim_next(connection, job_kind, workspace_id)
-            if occurrence_id is None:
-                break
-            claimed.append(occurrence_id)
-        return claimed
-
-    expected = seed_result(db, seed_batch)
+    expected = seed_result(db, lambda c: seed_claim_batch(c, limit, job_kind, workspace_id))
     actual = store_result(
         db,
         lambda: ids(
@@ -634,6 +646,35 @@ def test_claim_batch_matches_successive_seed_claims(
         ),
     )
     classify(expected[0] if expected[0] != [] else None, expected[1])
+    assert actual == expected
+
+
+# Bounds small enough that these states need every path: the first window, the probe through
+# the eligible jobs beyond it, and the continued walk when those jobs exceed the budget.
+SMALL_BOUNDS = st.sampled_from([(1, 0), (1, 100), (2, 2), (3, 100), (2, 0)])
+
+
+@EQUIVALENCE
+@given(state=states_strategy, filters=FILTERS, limit=st.integers(1, 6), bounds=SMALL_BOUNDS)
+def test_claims_beyond_small_windows_match_successive_seed_claims(
+    harness: Any, state: Any, filters: tuple[Any, str | None], limit: int, bounds: tuple[int, int]
+) -> None:
+    store, db = harness
+    build_state(db, *state)
+    job_kind, workspace_id = filters
+    window, budget = bounds
+
+    expected = seed_result(db, lambda c: seed_claim_batch(c, limit, job_kind, workspace_id))
+    with patch.object(claim_query, "WINDOW", window), patch.object(claim_query, "JOB_PROBE_BUDGET", budget):
+        actual = store_result(
+            db,
+            lambda: ids(
+                store.claim_batch(
+                    owner_id=OWNER, lease_ms=LEASE, limit=limit, job_kind=job_kind, workspace_id=workspace_id
+                )
+            ),
+        )
+    note(f"window {window}, budget {budget}")
     assert actual == expected
 
 

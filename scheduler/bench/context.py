@@ -39,6 +39,8 @@ class BenchConfig:
     worker_items: int = 8_000
     budget_s: float | None = None
     """``--quick``: every measurement loop also stops after this many seconds."""
+    adversarial_rows: int = 100_000
+    adversarial_calls: int = 200
     profile: bool = False
     profile_cycles: int = 2_000
     profile_enqueues: int = 5_000
@@ -60,6 +62,8 @@ QUICK: Final = BenchConfig(
     depth_samples=400,
     targeted_samples=150,
     worker_items=3_000,
+    adversarial_rows=20_000,
+    adversarial_calls=100,
     budget_s=3.0,
 )
 
@@ -84,6 +88,8 @@ def scaled(config: BenchConfig, scale: float) -> BenchConfig:
         depth_samples=_count(config.depth_samples, scale),
         targeted_samples=_count(config.targeted_samples, scale),
         worker_items=max(config.workers * 10, round(config.worker_items * scale)),
+        adversarial_rows=max(MIN_DEPTH, round(config.adversarial_rows * scale)),
+        adversarial_calls=_count(config.adversarial_calls, scale),
         profile_cycles=_count(config.profile_cycles, scale),
         profile_enqueues=_count(config.profile_enqueues, scale),
     )

@@ -34,8 +34,9 @@ def claim_plans(path: Path, now: int, occurrence_id: str) -> dict[str, Any]:
         return {"n/a": f"scheduler.store.claim_query cannot be imported ({error})"}
     plans: dict[str, Any] = {}
     try:
-        statement = claim_query.claim_next_statement(None, None)
-        plans["claim_next"] = query_plan(path, statement, claim_query.claim_next_params(now, 1, None, None))
+        statement = claim_query.claim_next_statement(claim_query.NO_FILTER)
+        params = claim_query.claim_next_params(now, 1, claim_query.NO_FILTER)
+        plans["claim_next"] = query_plan(path, statement, params)
         occurrence = claim_query.CLAIM_OCCURRENCE
         plans["claim_occurrence"] = query_plan(path, occurrence, {"now": now, "occurrence_id": occurrence_id})
     except Exception as error:  # diagnostics only: never fail the run

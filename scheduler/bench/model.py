@@ -12,6 +12,7 @@ GROUP_THROUGHPUT: Final = "throughput"
 GROUP_DEPTH: Final = "depth"
 GROUP_WORKERS: Final = "workers"
 GROUP_MEMORY: Final = "memory"
+GROUP_ADVERSARIAL: Final = "adversarial"
 
 
 class Unavailable(Exception):

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from scheduler.bench.context import Task
 from scheduler.bench.latency import depth_label
-from scheduler.bench.model import GROUP_DEPTH, BenchResult, Figure
+from scheduler.bench.model import GROUP_ADVERSARIAL, GROUP_DEPTH, BenchResult, Figure
 
 DEPTH_COLUMNS = (
     ("claim_settle_median", "claim+settle median ms"),
@@ -88,7 +88,7 @@ FIGURE_HEADER = ("figure", "value", "unit", "vs floor", "CPU µs/item", "WAL fra
 def figure_rows(result: BenchResult) -> Iterator[tuple[str, ...]]:
     """One row per figure outside the depth table (see ``FIGURE_HEADER``)."""
     for figure in result.figures:
-        if figure.spec.group != GROUP_DEPTH:
+        if figure.spec.group not in (GROUP_DEPTH, GROUP_ADVERSARIAL):
             cpu = figure.detail.get("cpu_us_per_item")
             yield (
                 figure.spec.label,
@@ -114,6 +114,29 @@ def depth_rows(result: BenchResult) -> Iterator[list[str]]:
             ratio = ratio_text(figure, result.floor_per_s)
             cells.append(value_text(figure) + (f" ({ratio})" if ratio else ""))
         yield cells
+
+
+ADVERSARIAL_HEADER = ("adversarial queue", "median ms", "p99 ms", "CPU µs/call", "bound ms", "verdict")
+
+
+def adversarial_rows(result: BenchResult) -> Iterator[list[str]]:
+    """One row per adversarial case (a latency with its bound) or count (the fleet's workers)."""
+    for figure in result.figures:
+        if figure.spec.group != GROUP_ADVERSARIAL:
+            continue
+        detail = figure.detail
+        if figure.spec.kind != "latency" or figure.value is None:
+            yield [figure.spec.label, value_text(figure), "", "", "", ""]
+            continue
+        verdict = "met" if detail.get("within_bound") else "NOT met"
+        yield [
+            figure.spec.label,
+            number(figure.value),
+            number(detail.get("p99_ms")),
+            number(detail.get("cpu_us_per_call")),
+            number(detail.get("bound_ms")),
+            verdict,
+        ]
 
 
 def target_rows(result: BenchResult) -> Iterator[tuple[str, str, str, str]]:
@@ -147,6 +170,12 @@ def render(result: BenchResult, console: Console) -> None:
     for cells in depth_rows(result):
         depth.add_row(*cells)
     console.print(depth)
+    adversarial = Table(title="Adversarial queues (each call timed; CPU = process time of the timed call)")
+    for column in ADVERSARIAL_HEADER:
+        adversarial.add_column(column, justify="left" if column == ADVERSARIAL_HEADER[0] else "right")
+    for cells in adversarial_rows(result):
+        adversarial.add_row(*cells)
+    console.print(adversarial)
     targets = Table(title="Targets")
     for column in ("target", "requirement", "observed", "verdict"):
         targets.add_column(column)
@@ -181,6 +210,7 @@ def markdown(result: BenchResult) -> str:
         "",
         *_markdown_table(["queued", *(title for _, title in DEPTH_COLUMNS)], list(depth_rows(result))),
     ]
+    lines += ["", *_markdown_table(list(ADVERSARIAL_HEADER), list(adversarial_rows(result)))]
     lines += [
         "",
         *_markdown_table(

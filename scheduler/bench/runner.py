@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from scheduler.bench.adversarial import adversarial_specs, measure_adversarial
 from scheduler.bench.context import BenchConfig, Context, ProgressSink
 from scheduler.bench.latency import depth_specs, measure_depths
 from scheduler.bench.model import GROUP_MEMORY, BenchResult, Figure, Spec, Unavailable, not_available
@@ -30,6 +31,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     *THROUGHPUT_SCENARIOS[1:],
     Scenario("workers", worker_specs, measure_workers),
     Scenario("depth", depth_specs, measure_depths),
+    Scenario("adversarial queues", adversarial_specs, measure_adversarial),
 )
 BENCH_RSS = Spec(
     "rss_bench_peak_mb", "peak RSS of the bench process (whole run)", "MiB", "memory", GROUP_MEMORY

@@ -1,23 +1,37 @@
-"""Claim candidate selection without sorting every eligible row (seed: claimNext's candidate SELECT).
+"""Claim candidate statements served by the existing indexes (seed: claimNext's candidate SELECT).
 
 The seed orders all eligible rows by ``CASE WHEN running THEN lease_expires_at ELSE
-available_at END, scheduled_for, occurrence_id``, which no index can serve. Here one statement
-combines three probes the index ``scheduler_occurrences_claim(status, available_at,
-lease_expires_at, scheduled_for, occurrence_id)`` serves:
+available_at END, scheduled_for, occurrence_id``, which no index can serve. Here the candidates
+come from bounded probes of the index ``scheduler_occurrences_claim(status, available_at,
+lease_expires_at, scheduled_for, occurrence_id)``, and :mod:`scheduler.store.claim_plan` merges
+them by the seed's key in Python, so the chosen occurrence is exactly the seed's:
 
-* ``queued`` and ``retry_wait``: an ordered walk of the index from the oldest ``available_at``
-  that stops at the first row(s) passing the job/attempt/control filters (``LIMIT k``);
-* ``running`` with ``lease_expires_at <= now``: every such row (their number is bounded by the
-  workers), unsorted; these rows also feed the expired-final-attempt sweep.
+* ``queued`` and ``retry_wait`` (the *due arms*): an ordered walk of the index that stops at the
+  first ``:arm_limit`` rows passing the job/attempt/control filters, but never walks past the
+  first :data:`WINDOW` due entries of its status. A marker row per status reports the
+  ``available_at`` of the window's last entry (``NULL`` when fewer are due).
+* If a due arm came back short while its window was full, the rows it skipped belonged to jobs
+  the claim may not take (disabled, another kind or workspace) or were otherwise ineligible.
+  :func:`beyond_window_statement` then reads the rest of that status *through the jobs the
+  claim may take* (the ``scheduler_occurrences_job`` index, at most :data:`JOB_PROBE_BUDGET`
+  rows), so 100k due rows of a disabled job or of another kind cost one bounded probe instead
+  of a walk over all of them. Only when the eligible jobs themselves hold more rows than that
+  does the walk continue past the window (:func:`continued_walk_statement`).
+* ``running`` with ``lease_expires_at <= now`` (the *expired arm*): no index orders running rows
+  by lease expiry, so reading every expired lease would cost a scan of all of them. The arm reads
+  at most :data:`EXPIRED_PROBE` (+ the batch limit) expired leases the call can act on (claim
+  or sweep), in index order; up to that many, the result is exactly the seed's. Beyond it, the
+  oldest-available of them are reclaimed or swept first and the rest on later calls; the sweep
+  still dead-letters at most 100 per claim, as the seed's.
 
-:class:`ClaimPlan` merges the three by the seed's sort key in Python, so the chosen occurrence is
-exactly the seed's, and replays successive ``claim_next`` calls for ``claim_batch``.
+Every statement is dialect-free Core; each candidate row carries what the claim needs, so a
+backend that must lock a candidate before claiming it can try the candidates one by one.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+import functools
+from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -38,9 +52,18 @@ from sqlalchemy.sql.elements import ColumnElement
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.dialect import json_text_field
-from scheduler.store.fastpath import Prepared, StoredRow
+from scheduler.store.fastpath import Prepared
 
 SWEEP_LIMIT: Final = 100
+# The three bounds are bound parameters read when a claim runs (tests shrink them to exercise
+# every path on small states).
+WINDOW = 32
+"""Due index entries per status the first probe may walk."""
+JOB_PROBE_BUDGET = 4096
+"""Occurrences (any status) of the eligible jobs the beyond-the-window probe may read."""
+EXPIRED_PROBE = SWEEP_LIMIT
+"""Expired leases one claim reads, plus its batch limit: room for one full sweep and the claims."""
+
 PAUSE_REQUESTED: Final = "pause_requested"
 PAUSED: Final = "paused"
 RESUMED: Final = "resumed"
@@ -50,6 +73,8 @@ ARM_QUEUED: Final = "q"
 ARM_RETRY_WAIT: Final = "r"
 ARM_EXPIRED: Final = "e"
 ARM_TARGET: Final = "t"
+DUE_ARMS: Final = {ARM_QUEUED: QUEUED, ARM_RETRY_WAIT: RETRY_WAIT}
+WINDOW_MARKERS: Final = {"qw": ARM_QUEUED, "rw": ARM_RETRY_WAIT}
 
 o = t.occurrences.alias("o")
 _c = t.occurrence_controls.alias("c")
@@ -58,6 +83,8 @@ _a = t.adjudications.alias("a")
 _r = t.occurrence_retries.alias("r")
 _r_first = t.occurrence_retries.alias("r_first")
 _r_any = t.occurrence_retries.alias("r_any")
+_w = t.occurrences.alias("w")
+_m = t.occurrences.alias("m")
 
 
 def _pending_retry(alias: Any) -> ColumnElement[bool]:
@@ -90,16 +117,73 @@ PENDING_ADJUDICATION: Final = (
     .scalar_subquery()
 )
 _WITH_CONTROL = o.outerjoin(_c, _c.c.occurrence_id == o.c.occurrence_id)
+_STATE = _c.c.state
+_ATTEMPTS_ALLOW = or_(
+    o.c.attempt < o.c.max_attempts, _STATE == PAUSE_REQUESTED, _STATE == RESUMED, HAS_PENDING_RETRY
+)
+_NOT_PAUSED = or_(_STATE.is_(None), _STATE != PAUSED)
+_WAITING_CONTROL_OK = or_(_STATE.is_(None), and_(_STATE != PAUSED, _STATE != PAUSE_REQUESTED))
+_SWEEPABLE = and_(
+    o.c.attempt >= o.c.max_attempts,
+    or_(_STATE.is_(None), and_(_STATE != PAUSE_REQUESTED, _STATE != RESUMED)),
+)
+
+# ------------------------------------------------------------------------------------ filters
+
+KIND_ANY: Final = 0
+KIND_ONE: Final = 1
+KIND_SEVERAL: Final = 2
+Shape = tuple[int, bool]
 
 
-def job_filter(job_kind: bool, workspace_id: bool) -> ColumnElement[bool]:
-    """EXISTS an enabled job for the row, optionally of ``:job_kind`` / in ``:workspace_id``."""
-    conditions: list[ColumnElement[bool]] = [_j.c.job_id == o.c.job_id, _j.c.enabled == literal_column("1")]
-    if job_kind:
-        conditions.append(_j.c.kind == bindparam("job_kind"))
+@dataclass(frozen=True, slots=True)
+class ClaimFilter:
+    """Which jobs' occurrences a claim may take: any of ``kinds`` (``None``: all) in ``workspace_id``."""
+
+    kinds: tuple[str, ...] | None = None
+    workspace_id: str | None = None
+
+    @property
+    def shape(self) -> Shape:
+        """What the statement must test: (KIND_ANY / KIND_ONE / KIND_SEVERAL, a workspace given)."""
+        kinds = self.kinds
+        mode = KIND_ANY if kinds is None else KIND_ONE if len(kinds) == 1 else KIND_SEVERAL
+        return mode, self.workspace_id is not None
+
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if self.kinds is not None:
+            if len(self.kinds) == 1:
+                params["job_kind"] = self.kinds[0]
+            else:
+                params["job_kinds"] = list(self.kinds)
+        if self.workspace_id is not None:
+            params["workspace_id"] = self.workspace_id
+        return params
+
+
+NO_FILTER: Final = ClaimFilter()
+
+
+def _job_conditions(jobs: Any, shape: Shape) -> list[ColumnElement[bool]]:
+    """An enabled job, optionally of ``:job_kind``/``:job_kinds``, in ``:workspace_id``."""
+    kind_mode, workspace_id = shape
+    conditions: list[ColumnElement[bool]] = [jobs.c.enabled == literal_column("1")]
+    if kind_mode == KIND_ONE:
+        conditions.append(jobs.c.kind == bindparam("job_kind"))
+    elif kind_mode == KIND_SEVERAL:
+        conditions.append(jobs.c.kind.in_(bindparam("job_kinds", expanding=True)))
     if workspace_id:
-        conditions.append(json_text_field(_j.c.authority_json, "workspaceId") == bindparam("workspace_id"))
-    return exists().where(*conditions)
+        conditions.append(json_text_field(jobs.c.authority_json, "workspaceId") == bindparam("workspace_id"))
+    return conditions
+
+
+def job_filter(shape: Shape) -> ColumnElement[bool]:
+    """EXISTS an eligible job (:func:`_job_conditions`) for the row ``o``."""
+    return exists().where(_j.c.job_id == o.c.job_id, *_job_conditions(_j, shape))
+
+
+# ------------------------------------------------------------------------------------ arms
 
 
 def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[Any]) -> list[Any]:
@@ -114,175 +198,166 @@ def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[A
     ]
 
 
-def _due_arm(arm: str, status: str, jobs: ColumnElement[bool]) -> Select[Any]:
-    """The first ``:arm_limit`` claimable rows of one waiting status, in index order."""
-    state = _c.c.state
+def _claim_order(alias: Any) -> list[Any]:
+    return [alias.c.available_at, alias.c.lease_expires_at, alias.c.scheduled_for, alias.c.occurrence_id]
+
+
+def _window_end(status: str) -> Any:
+    """``available_at`` of the last of the first :data:`WINDOW` due entries of ``status`` (or NULL)."""
+    return (
+        select(_w.c.available_at)
+        .where(_w.c.status == literal_column(f"'{status}'"), _w.c.available_at <= bindparam("now"))
+        .order_by(*_claim_order(_w))
+        .limit(1)
+        .offset(bindparam("window_last"))
+        .scalar_subquery()
+    )
+
+
+def _due(arm: str, *where: Any, source: Any = _WITH_CONTROL, status_term: bool = True) -> Select[Any]:
+    """The first ``:arm_limit`` claimable rows of one waiting status matching ``where``."""
+    status = [o.c.status == literal_column(f"'{DUE_ARMS[arm]}'")] if status_term else []
     return (
         select(*_columns(arm, literal_column("1"), null()))
-        .select_from(_WITH_CONTROL)
-        .where(
-            o.c.status == literal_column(f"'{status}'"),
-            o.c.available_at <= bindparam("now"),
-            jobs,
-            or_(
-                o.c.attempt < o.c.max_attempts, state == PAUSE_REQUESTED, state == RESUMED, HAS_PENDING_RETRY
-            ),
-            or_(state.is_(None), and_(state != PAUSED, state != PAUSE_REQUESTED)),
-        )
-        .order_by(o.c.available_at, o.c.lease_expires_at, o.c.scheduled_for, o.c.occurrence_id)
+        .select_from(source)
+        .where(*status, *where, _ATTEMPTS_ALLOW, _WAITING_CONTROL_OK)
+        .order_by(*_claim_order(o))
         .limit(bindparam("arm_limit"))
     )
 
 
-def _expired_arm(jobs: ColumnElement[bool]) -> Select[Any]:
-    """Every running row whose lease has expired (no job filter: the sweep needs them all)."""
+def _window_marker(marker: str) -> Select[Any]:
+    """One row: ``arm`` = the marker, ``available_at`` = the window's end, every other column NULL."""
+    end = _window_end(DUE_ARMS[WINDOW_MARKERS[marker]])
+    occurrence = [end.label(column.name) if column.name == "available_at" else null() for column in o.c]
+    return select(literal_column(f"'{marker}'").label("arm"), *occurrence, *[null()] * 5)
+
+
+def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Select[Any]:
+    """Up to ``:expired_limit`` expired leases the call can act on, in index order."""
     return (
         select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION))
         .select_from(_WITH_CONTROL)
-        .where(o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"))
+        .where(
+            o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"), actionable
+        )
+        .limit(bindparam("expired_limit"))
     )
+
+
+def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
+    jobs = job_filter(shape)
+    arms: list[Any] = []
+    for arm, status in DUE_ARMS.items():
+        window = o.c.available_at <= func.coalesce(_window_end(status), bindparam("now"))
+        arms.append(select(_due(arm, window, jobs).subquery(f"due_{status}")))
+    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
+    return union_all(*arms, select(expired.subquery("expired")), *map(_window_marker, WINDOW_MARKERS))
 
 
 def _target_arm() -> Select[Any]:
     return (
-        select(*_columns(ARM_TARGET, job_filter(False, False), null()))
+        select(*_columns(ARM_TARGET, job_filter((KIND_ANY, False)), null()))
         .select_from(_WITH_CONTROL)
         .where(o.c.occurrence_id == bindparam("occurrence_id"))
     )
 
 
-def _build_claim_next(job_kind: bool, workspace_id: bool) -> CompoundSelect[Any]:
-    jobs = job_filter(job_kind, workspace_id)
-    queued = _due_arm(ARM_QUEUED, QUEUED, jobs).subquery("due_queued")
-    retrying = _due_arm(ARM_RETRY_WAIT, RETRY_WAIT, jobs).subquery("due_retry_wait")
-    return union_all(select(queued), select(retrying), _expired_arm(jobs))
-
-
-_CLAIM_NEXT: Final = {
-    (kind, workspace): _build_claim_next(kind, workspace)
-    for kind in (False, True)
-    for workspace in (False, True)
-}
-CLAIM_OCCURRENCE: Final = union_all(_expired_arm(job_filter(False, False)), _target_arm())
-
-
-def claim_next_statement(job_kind: str | None, workspace_id: str | None) -> CompoundSelect[Any]:
-    """The candidate statement for the given filters (params: now, arm_limit, job_kind, workspace_id)."""
-    return _CLAIM_NEXT[(job_kind is not None, workspace_id is not None)]
-
-
-_CLAIM_NEXT_PREPARED: Final = {key: Prepared(statement) for key, statement in _CLAIM_NEXT.items()}
+_SHAPES: Final = [
+    (mode, workspace) for mode in (KIND_ANY, KIND_ONE, KIND_SEVERAL) for workspace in (False, True)
+]
+_CLAIM_NEXT: Final = {shape: _build_claim_next(shape) for shape in _SHAPES}
+_CLAIM_NEXT_PREPARED: Final = {shape: Prepared(statement) for shape, statement in _CLAIM_NEXT.items()}
+CLAIM_OCCURRENCE: Final = union_all(
+    select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
+)
 CLAIM_OCCURRENCE_PREPARED: Final = Prepared(CLAIM_OCCURRENCE)
 
 
-def claim_next_prepared(job_kind: str | None, workspace_id: str | None) -> Prepared:
+def claim_next_statement(claim_filter: ClaimFilter) -> CompoundSelect[Any]:
+    """The candidate statement for the given filter (params: :func:`claim_next_params`)."""
+    return _CLAIM_NEXT[claim_filter.shape]
+
+
+def claim_next_prepared(claim_filter: ClaimFilter) -> Prepared:
     """``claim_next_statement`` for execution through ``Tx`` (the compile-once fast path)."""
-    return _CLAIM_NEXT_PREPARED[(job_kind is not None, workspace_id is not None)]
+    return _CLAIM_NEXT_PREPARED[claim_filter.shape]
 
 
-def claim_next_params(now: int, limit: int, job_kind: str | None, workspace_id: str | None) -> dict[str, Any]:
-    params: dict[str, Any] = {"now": now, "arm_limit": limit}
-    if job_kind is not None:
-        params["job_kind"] = job_kind
-    if workspace_id is not None:
-        params["workspace_id"] = workspace_id
+def claim_next_params(now: int, limit: int, claim_filter: ClaimFilter) -> dict[str, Any]:
+    params = claim_filter.params()
+    params["now"] = now
+    params["arm_limit"] = limit
+    params["expired_limit"] = EXPIRED_PROBE + limit
+    params["window_last"] = WINDOW - 1
     return params
 
 
-# ----------------------------------------------------------------- row predicates (seed logic)
+def claim_occurrence_params(now: int, occurrence_id: str) -> dict[str, Any]:
+    return {"now": now, "occurrence_id": occurrence_id, "expired_limit": EXPIRED_PROBE}
 
 
-def sort_key(row: StoredRow) -> tuple[int, int, str]:
-    """The seed's ORDER BY: lease expiry for running rows, availability otherwise."""
-    first = row.lease_expires_at if row.status == RUNNING else row.available_at
-    return (first, row.scheduled_for, row.occurrence_id)
+# ------------------------------------------------------------------------------------ beyond the window
 
 
-def attempts_allow(row: StoredRow) -> bool:
-    """Attempts left, or a claim that does not count one (pause/resume control, requeue)."""
-    return (
-        row.attempt < row.max_attempts
-        or row.control_state in ATTEMPT_NEUTRAL_CONTROLS
-        or row.retry_request_id is not None
+def _eligible_job_ids(shape: Shape) -> Select[Any]:
+    jobs = t.jobs.alias("eligible")
+    return select(jobs.c.job_id).where(*_job_conditions(jobs, shape))
+
+
+def beyond_window_params(now: int, after: int, limit: int, claim_filter: ClaimFilter) -> dict[str, Any]:
+    """Parameters of the three beyond-the-window statements."""
+    params = claim_filter.params()
+    params.update(now=now, after=after, arm_limit=limit, budget=JOB_PROBE_BUDGET + 1)
+    return params
+
+
+def within_budget(eligible_rows: int) -> bool:
+    """Whether the eligible jobs' occurrences are few enough to read them all."""
+    return eligible_rows <= JOB_PROBE_BUDGET
+
+
+@functools.cache
+def eligible_job_rows_statement(shape: Shape) -> Prepared:
+    """How many occurrences (any status) the eligible jobs hold, counted up to the budget + 1."""
+    rows = (
+        select(_m.c.occurrence_id)
+        .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
+        .limit(bindparam("budget"))
+        .subquery("budget")
     )
+    return Prepared(select(func.count()).select_from(rows))
 
 
-def keeps_attempt(row: StoredRow) -> bool:
-    """The claim's attempt increment is 0 (seed: the CASE in the claim UPDATE)."""
-    state = row.control_state
-    return (
-        state == PAUSE_REQUESTED
-        or (state == RESUMED and row.control_expected_fence == row.fence)
-        or row.retry_request_id is not None
-    )
+@functools.cache
+def beyond_window_statement(arm: str, shape: Shape) -> Prepared:
+    """The next ``:arm_limit`` claimable rows of a due arm after ``:after``, read through the eligible jobs.
 
-
-def sweepable(row: StoredRow) -> bool:
-    """An expired final attempt the sweep dead-letters (not while a pause/resume is pending)."""
-    return row.attempt >= row.max_attempts and row.control_state not in ATTEMPT_NEUTRAL_CONTROLS
-
-
-def claimable(row: StoredRow, now: int) -> bool:
-    """The seed's claim eligibility of one row (claimOccurrence's check)."""
-    state = row.control_state
-    if not row.job_ok or not attempts_allow(row) or state == PAUSED:
-        return False
-    if state == PAUSE_REQUESTED and row.status != RUNNING:
-        return False
-    if row.status in (QUEUED, RETRY_WAIT):
-        return bool(row.available_at <= now)
-    return row.status == RUNNING and bool(row.lease_expires_at <= now)
-
-
-class ClaimPlan:
-    """Sweep batches and claim candidates in the order successive seed ``claimNext`` calls take them.
-
-    Claiming or sweeping a row changes only that row, so the candidates of later calls in the
-    same transaction are the remaining rows of the same ordered streams.
+    The eligible jobs' occurrences (found by ``scheduler_occurrences_job``: the only indexed
+    term of the inner query) are filtered by status and ``available_at`` there, then joined
+    to their rows by primary key and the few due ones sorted: a bounded read (used only when
+    :func:`eligible_job_rows_statement` is within the budget) instead of a walk over every
+    row of the other jobs.
     """
+    members = (
+        select(_m.c.occurrence_id, _m.c.status, _m.c.available_at)
+        .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
+        .limit(bindparam("budget"))
+        .subquery("members")
+    )
+    source = members.join(o, o.c.occurrence_id == members.c.occurrence_id).outerjoin(
+        _c, _c.c.occurrence_id == o.c.occurrence_id
+    )
+    due = and_(
+        members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
+        members.c.available_at > bindparam("after"),
+        members.c.available_at <= bindparam("now"),
+    )
+    return Prepared(_due(arm, due, source=source, status_term=False))
 
-    __slots__ = ("_done", "_queued", "_retrying", "_running", "_sweep", "target")
 
-    def __init__(self, rows: Iterable[StoredRow], now: int) -> None:
-        expired: list[StoredRow] = []
-        self._queued: deque[StoredRow] = deque()
-        self._retrying: deque[StoredRow] = deque()
-        self.target: StoredRow | None = None
-        for row in rows:
-            if row.arm == ARM_EXPIRED:
-                expired.append(row)
-            elif row.arm == ARM_QUEUED:
-                self._queued.append(row)
-            elif row.arm == ARM_RETRY_WAIT:
-                self._retrying.append(row)
-            else:
-                self.target = row
-        ordered = sorted(expired, key=lambda row: (row.lease_expires_at, row.occurrence_id))
-        self._sweep = deque(row for row in ordered if sweepable(row))
-        self._running = deque(sorted((row for row in expired if claimable(row, now)), key=sort_key))
-        self._done: set[str] = set()
-
-    def next_sweep(self) -> list[StoredRow]:
-        """The next (at most 100) expired final attempts to dead-letter."""
-        batch: list[StoredRow] = []
-        while self._sweep and len(batch) < SWEEP_LIMIT:
-            row = self._sweep.popleft()
-            if row.occurrence_id not in self._done:
-                batch.append(row)
-                self._done.add(row.occurrence_id)
-        return batch
-
-    def next_candidate(self) -> StoredRow | None:
-        """The next occurrence to claim, or ``None``."""
-        while self._running and self._running[0].occurrence_id in self._done:
-            self._running.popleft()
-        streams = [stream for stream in (self._queued, self._retrying, self._running) if stream]
-        if not streams:
-            return None
-        best = min(streams, key=lambda stream: sort_key(stream[0]))
-        row = best.popleft()
-        self._done.add(row.occurrence_id)
-        return row
-
-    def was_swept(self, occurrence_id: str) -> bool:
-        return occurrence_id in self._done
+@functools.cache
+def continued_walk_statement(arm: str, shape: Shape) -> Prepared:
+    """The due arm's walk continued after ``:after`` without a window (the eligible jobs are large)."""
+    after = and_(o.c.available_at > bindparam("after"), o.c.available_at <= bindparam("now"))
+    return Prepared(_due(arm, after, job_filter(shape)))

@@ -20,21 +20,26 @@ from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.claim_plan import ClaimPlan, claimable, keeps_attempt
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     PAUSE_REQUESTED,
     RESUMED,
-    ClaimPlan,
+    ClaimFilter,
+    beyond_window_params,
+    beyond_window_statement,
     claim_next_params,
     claim_next_prepared,
-    claimable,
-    keeps_attempt,
+    claim_occurrence_params,
+    continued_walk_statement,
+    eligible_job_rows_statement,
+    within_budget,
 )
 from scheduler.store.dialect import greatest
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.jobs import not_found
 from scheduler.store.occurrence_rows import EventLog, occurrence_record, validate_batch
-from scheduler.store.records import Occurrence
+from scheduler.store.records import Occurrence, SettledAndClaimed
 from scheduler.store.session import Tx
 from scheduler.store.settlement import (
     APPLY_ADJUDICATION,
@@ -145,6 +150,28 @@ def normalize_claim_batch_limit(value: Any) -> int:
 
 def optional_identifier(value: Any, field: str, max_length: int) -> str | None:
     return None if value is None else normalize_key(value, field, max_length)
+
+
+def normalize_job_kinds(value: Any) -> tuple[str, ...] | None:
+    """``job_kind``: ``None`` (every kind), one kind, or a non-empty list/tuple of kinds.
+
+    Each kind is validated like a single one (an identifier of at most 128 UTF-16 units); a
+    nested sequence or any other type is ``SCHEDULER_INVALID_ARGUMENT``, as is an empty list.
+    Duplicates are dropped (the filter is "any of them").
+    """
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise invalid_argument("jobKind must be a job kind or a non-empty list of job kinds")
+        return tuple(dict.fromkeys(normalize_key(kind, "jobKind", 128) for kind in value))
+    return (normalize_key(value, "jobKind", 128),)
+
+
+def normalize_claim_filter(job_kind: Any, workspace_id: Any) -> ClaimFilter:
+    """The validated ``job_kind`` / ``workspace_id`` filters of a claim (jobKind first, as the seed)."""
+    kinds = normalize_job_kinds(job_kind)
+    return ClaimFilter(kinds, optional_identifier(workspace_id, "workspaceId", 256))
 
 
 # ------------------------------------------------------------------------------------ sweep
@@ -284,14 +311,14 @@ def _rebind_control(tx: Tx, row: StoredRow, fence: int) -> None:
         )
 
 
-def claim_in(
-    tx: Tx, owner: str, lease_ms: int, job_kind: str | None, workspace_id: str | None, limit: int
-) -> list[Occurrence]:
+def claim_in(tx: Tx, owner: str, lease_ms: int, claim_filter: ClaimFilter, limit: int) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep."""
     claims = Claims(tx, owner, lease_ms)
-    statement = claim_next_prepared(job_kind, workspace_id)
-    rows = tx.all(statement, claim_next_params(tx.now, limit, job_kind, workspace_id))
+    statement = claim_next_prepared(claim_filter)
+    rows = tx.all(statement, claim_next_params(tx.now, limit, claim_filter))
     plan = ClaimPlan(rows, tx.now)
+    for arm, window_end, missing in plan.short_windows(limit):
+        plan.extend(arm, due_rows_beyond_window(tx, arm, window_end, missing, claim_filter))
     for _ in range(limit):
         sweep_expired(tx, plan.next_sweep(), claims.events)
         candidate = plan.next_candidate()
@@ -301,10 +328,36 @@ def claim_in(
     return claims.write()
 
 
+def due_rows_beyond_window(
+    tx: Tx, arm: str, window_end: int, limit: int, claim_filter: ClaimFilter
+) -> Sequence[StoredRow]:
+    """The next ``limit`` claimable rows of a due arm after its window (see ``claim_query``).
+
+    Read through the eligible jobs when they hold at most ``claim_query.JOB_PROBE_BUDGET`` occurrences,
+    else by walking on along the claim index.
+    """
+    shape = claim_filter.shape
+    params = beyond_window_params(tx.now, window_end, limit, claim_filter)
+    counted = tx.first(eligible_job_rows_statement(shape), params)
+    if within_budget(counted[0]):
+        return tx.all(beyond_window_statement(arm, shape), params)
+    return tx.all(continued_walk_statement(arm, shape), params)
+
+
+def settle_and_claim_in(
+    tx: Tx, request: SettleRequest, lease_ms: int, claim_filter: ClaimFilter
+) -> SettledAndClaimed:
+    """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
+    lease_expiry(tx.now, lease_ms)  # refuse an unrepresentable lease before anything is written
+    settled = settle_in(tx, request)
+    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1)
+    return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
+
+
 def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -> Occurrence | None:
     """Sweep, then claim one named occurrence if the seed's rules allow it."""
     claims = Claims(tx, owner, lease_ms)
-    rows = tx.all(CLAIM_OCCURRENCE_PREPARED, {"now": tx.now, "occurrence_id": occurrence_id})
+    rows = tx.all(CLAIM_OCCURRENCE_PREPARED, claim_occurrence_params(tx.now, occurrence_id))
     plan = ClaimPlan(rows, tx.now)
     sweep_expired(tx, plan.next_sweep(), claims.events)
     target = plan.target
@@ -348,18 +401,21 @@ class LeaseOperations(StoreBase):
         *,
         owner_id: str,
         lease_ms: int,
-        job_kind: str | None = None,
+        job_kind: str | Sequence[str] | None = None,
         workspace_id: str | None = None,
     ) -> Occurrence | None:
-        """Claim the next due occurrence (optionally of a job kind / workspace), or ``None``.
+        """Claim the next due occurrence, or ``None`` (seed: ``claimNext``).
 
-        Expired final attempts are dead-lettered first; expired leases are reclaimed.
+        ``lease_ms``: 1..86400000 ms. ``job_kind``: one kind or a non-empty list/tuple of kinds
+        (any of them; the seed's order across all of them); ``workspace_id``: the job
+        authority's ``workspaceId``. Expired final attempts are dead-lettered first (at most 100
+        per call, as the seed); expired leases are reclaimed. Bad arguments are
+        ``SCHEDULER_INVALID_ARGUMENT``; a lost compare-and-set ``SCHEDULER_CLAIM_CONFLICT``.
         """
         owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
-        kind = optional_identifier(job_kind, "jobKind", 128)
-        workspace = optional_identifier(workspace_id, "workspaceId", 256)
-        claimed = self._write(lambda tx: claim_in(tx, owner, lease, kind, workspace, 1))
+        claim_filter = normalize_claim_filter(job_kind, workspace_id)
+        claimed = self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, 1))
         return claimed[0] if claimed else None
 
     def claim_batch(
@@ -368,16 +424,18 @@ class LeaseOperations(StoreBase):
         owner_id: str,
         lease_ms: int,
         limit: int,
-        job_kind: str | None = None,
+        job_kind: str | Sequence[str] | None = None,
         workspace_id: str | None = None,
     ) -> list[Occurrence]:
-        """Up to ``limit`` (1..1000) successive ``claim_next`` results in one transaction."""
+        """Up to ``limit`` (1..1000) successive ``claim_next`` results in one transaction.
+
+        ``job_kind`` / ``workspace_id`` filter as in ``claim_next``.
+        """
         owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
-        kind = optional_identifier(job_kind, "jobKind", 128)
-        workspace = optional_identifier(workspace_id, "workspaceId", 256)
+        claim_filter = normalize_claim_filter(job_kind, workspace_id)
         bounded = normalize_claim_batch_limit(limit)
-        return self._write(lambda tx: claim_in(tx, owner, lease, kind, workspace, bounded))
+        return self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, bounded))
 
     def claim_occurrence(self, *, occurrence_id: str, owner_id: str, lease_ms: int) -> Occurrence | None:
         """Claim one named occurrence if it is eligible, else ``None`` (``SCHEDULER_NOT_FOUND`` if absent)."""
@@ -420,6 +478,47 @@ class LeaseOperations(StoreBase):
             adjudication_request_id=adjudication_request_id,
         )
         return self._write(lambda tx: settle_in(tx, request))
+
+    def settle_and_claim(
+        self,
+        *,
+        occurrence_id: str,
+        owner_id: str,
+        fence: int,
+        outcome: str,
+        result: Any = None,
+        error: Any = None,
+        retryable: bool = True,
+        retry_at: int | None = None,
+        adjudication_request_id: str | None = None,
+        lease_ms: int,
+        job_kind: str | Sequence[str] | None = None,
+        workspace_id: str | None = None,
+    ) -> SettledAndClaimed:
+        """``settle`` of the held occurrence, then ``claim_next`` for the same owner: one commit per cycle.
+
+        Both run in ONE write transaction with one clock sample; ``.settled`` is what ``settle``
+        returns, ``.claimed`` what ``claim_next(owner_id=owner_id, lease_ms=lease_ms,
+        job_kind=job_kind, workspace_id=workspace_id)`` would then return. Every argument of
+        both halves is validated first (``SCHEDULER_INVALID_ARGUMENT``, nothing read or
+        written). All or nothing: if either half fails (e.g. ``SCHEDULER_LEASE_LOST``,
+        ``SCHEDULER_CLAIM_CONFLICT``), nothing is written and that error is raised; the lease is
+        then still held, so the call can be retried.
+        """
+        request = normalize_settle(
+            occurrence_id=occurrence_id,
+            owner_id=owner_id,
+            fence=fence,
+            outcome=outcome,
+            result=result,
+            error=error,
+            retryable=retryable,
+            retry_at=retry_at,
+            adjudication_request_id=adjudication_request_id,
+        )
+        lease = normalize_lease_ms(lease_ms)
+        claim_filter = normalize_claim_filter(job_kind, workspace_id)
+        return self._write(lambda tx: settle_and_claim_in(tx, request, lease, claim_filter))
 
     def settle_many(self, settlements: Sequence[Mapping[str, Any]]) -> list[Occurrence]:
         """``settle`` for each dict of its keyword arguments, in order, in one transaction."""

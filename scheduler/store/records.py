@@ -100,6 +100,14 @@ class Occurrence(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class SettledAndClaimed(Record):
+    """The result of ``settle_and_claim``: the settled occurrence and the next one claimed (or ``None``)."""
+
+    settled: Occurrence
+    claimed: Occurrence | None
+
+
+@dataclass(frozen=True, slots=True)
 class Event(Record):
     event_id: int
     job_id: str

@@ -1,0 +1,141 @@
+"""The seed's claim rules for candidate rows, and the order successive claims take them in.
+
+:class:`ClaimPlan` receives the rows of the claim statements (:mod:`scheduler.store.claim_query`)
+and yields sweep batches and claim candidates in the order successive seed ``claimNext`` calls
+would take them. A claim step that cannot take a candidate (another worker holds it) simply
+asks for the next one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Final
+
+from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
+from scheduler.store.claim_query import (
+    ARM_EXPIRED,
+    ARM_QUEUED,
+    ARM_RETRY_WAIT,
+    ATTEMPT_NEUTRAL_CONTROLS,
+    PAUSE_REQUESTED,
+    PAUSED,
+    RESUMED,
+    SWEEP_LIMIT,
+    WINDOW_MARKERS,
+)
+from scheduler.store.fastpath import StoredRow
+
+DUE_STREAMS: Final = (ARM_QUEUED, ARM_RETRY_WAIT)
+
+
+def sort_key(row: StoredRow) -> tuple[int, int, str]:
+    """The seed's ORDER BY: lease expiry for running rows, availability otherwise."""
+    first = row.lease_expires_at if row.status == RUNNING else row.available_at
+    return (first, row.scheduled_for, row.occurrence_id)
+
+
+def attempts_allow(row: StoredRow) -> bool:
+    """Attempts left, or a claim that does not count one (pause/resume control, requeue)."""
+    return (
+        row.attempt < row.max_attempts
+        or row.control_state in ATTEMPT_NEUTRAL_CONTROLS
+        or row.retry_request_id is not None
+    )
+
+
+def keeps_attempt(row: StoredRow) -> bool:
+    """The claim's attempt increment is 0 (seed: the CASE in the claim UPDATE)."""
+    state = row.control_state
+    return (
+        state == PAUSE_REQUESTED
+        or (state == RESUMED and row.control_expected_fence == row.fence)
+        or row.retry_request_id is not None
+    )
+
+
+def sweepable(row: StoredRow) -> bool:
+    """An expired final attempt the sweep dead-letters (not while a pause/resume is pending)."""
+    return row.attempt >= row.max_attempts and row.control_state not in ATTEMPT_NEUTRAL_CONTROLS
+
+
+def claimable(row: StoredRow, now: int) -> bool:
+    """The seed's claim eligibility of one row (claimOccurrence's check)."""
+    state = row.control_state
+    if not row.job_ok or not attempts_allow(row) or state == PAUSED:
+        return False
+    if state == PAUSE_REQUESTED and row.status != RUNNING:
+        return False
+    if row.status in (QUEUED, RETRY_WAIT):
+        return bool(row.available_at <= now)
+    return row.status == RUNNING and bool(row.lease_expires_at <= now)
+
+
+class ClaimPlan:
+    """Sweep batches and claim candidates in the order successive seed ``claimNext`` calls take them.
+
+    Claiming or sweeping a row changes only that row, so the candidates of later calls in the
+    same transaction are the remaining rows of the same ordered streams.
+    """
+
+    __slots__ = ("_done", "_running", "_streams", "_sweep", "target", "window_ends")
+
+    def __init__(self, rows: Iterable[StoredRow], now: int) -> None:
+        expired: list[StoredRow] = []
+        due: dict[str, list[StoredRow]] = {arm: [] for arm in DUE_STREAMS}
+        self.window_ends: dict[str, int | None] = {}
+        self.target: StoredRow | None = None
+        for row in rows:
+            arm = row.arm
+            if arm == ARM_EXPIRED:
+                expired.append(row)
+            elif arm in due:
+                due[arm].append(row)
+            elif arm in WINDOW_MARKERS:
+                self.window_ends[WINDOW_MARKERS[arm]] = row.available_at
+            else:
+                self.target = row
+        self._streams = {arm: deque(sorted(rows, key=sort_key)) for arm, rows in due.items()}
+        ordered = sorted(expired, key=lambda row: (row.lease_expires_at, row.occurrence_id))
+        self._sweep = deque(row for row in ordered if sweepable(row))
+        self._running = deque(sorted((row for row in expired if claimable(row, now)), key=sort_key))
+        self._done: set[str] = set()
+
+    def short_windows(self, limit: int) -> list[tuple[str, int, int]]:
+        """(arm, window end, rows missing) of each due arm that returned fewer than ``limit``
+        rows although its window was full: its remaining rows lie beyond the window."""
+        short = []
+        for arm, end in self.window_ends.items():
+            missing = limit - len(self._streams[arm])
+            if end is not None and missing > 0:
+                short.append((arm, end, missing))
+        return short
+
+    def extend(self, arm: str, rows: Iterable[StoredRow]) -> None:
+        """Append a due arm's rows from beyond its window (all later in the order than its own)."""
+        self._streams[arm].extend(sorted(rows, key=sort_key))
+
+    def next_sweep(self) -> list[StoredRow]:
+        """The next (at most 100) expired final attempts to dead-letter."""
+        batch: list[StoredRow] = []
+        while self._sweep and len(batch) < SWEEP_LIMIT:
+            row = self._sweep.popleft()
+            if row.occurrence_id not in self._done:
+                batch.append(row)
+                self._done.add(row.occurrence_id)
+        return batch
+
+    def next_candidate(self) -> StoredRow | None:
+        """The next occurrence to claim, or ``None``."""
+        while self._running and self._running[0].occurrence_id in self._done:
+            self._running.popleft()
+        streams = [stream for stream in (*self._streams.values(), self._running) if stream]
+        if not streams:
+            return None
+        best = min(streams, key=lambda stream: sort_key(stream[0]))
+        row = best.popleft()
+        self._done.add(row.occurrence_id)
+        return row
+
+    def was_swept(self, occurrence_id: str) -> bool:
+        return occurrence_id in self._done
