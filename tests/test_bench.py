@@ -32,6 +32,8 @@ EXPECTED_FIGURES = {
     "enqueue_occurrence_per_s",
     "enqueue_many_items_per_s",
     "claim_settle_cycles_per_s",
+    "settle_and_claim_cycles_per_s",
+    "schema_floor_one_commit_cycles_per_s",
     "claim_batch_settle_items_per_s",
     "claim_batch_items_per_s",
     "workers_cycles_per_s",

@@ -227,6 +227,53 @@ def measure_cycles(ctx: Context, record: Record) -> None:
     )
 
 
+ONE_COMMIT = Spec(
+    "settle_and_claim_cycles_per_s",
+    "settle_and_claim, 1 worker (one commit per cycle)",
+    "cycles/s",
+    "rate",
+    GROUP_THROUGHPUT,
+)
+
+
+def measure_one_commit_cycles(ctx: Context, record: Record) -> None:
+    """One worker: ``settle_and_claim`` of the held occurrence, one write transaction per cycle."""
+    count = ctx.config.cycles
+    path = ctx.path("one-commit.sqlite")
+    store = open_bench_store(path)
+    try:
+        require(store, "settle_and_claim")
+        fill_queue(store, "one-commit", count + FRAME_SAMPLES + 1)
+        held = store.claim_next(owner_id=OWNER, lease_ms=LEASE_MS)
+
+        def cycle() -> None:
+            nonlocal held
+            if held is None:
+                raise RuntimeError("settle_and_claim ran dry before the queue was empty")
+            held = store.settle_and_claim(**settle_kwargs(held, OWNER), lease_ms=LEASE_MS).claimed
+
+        task = ctx.progress.task("settle_and_claim", count)
+        budget, done = ctx.budget(), 0
+        started, cpu_started = time.perf_counter(), time.process_time()
+        while done < count and not budget.spent(done):
+            cycle()
+            done += 1
+            task.advance()
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        task.finish()
+        frames = frames_per_operation(path, cycle, FRAME_SAMPLES)
+    finally:
+        store.close()
+    record(
+        ONE_COMMIT.key,
+        rate(done, elapsed),
+        count=done,
+        seconds=round(elapsed, 4),
+        cpu_us_per_item=cpu_us(cpu, done),
+        wal_frames_per_commit=round(frames, 2),
+    )
+
+
 def measure_batches(ctx: Context, record: Record) -> None:
     """``claim_batch(limit)`` then ``settle_many`` of all of them: two transactions per batch."""
     count, limit = ctx.config.batch_items, ctx.config.claim_limit
@@ -270,5 +317,6 @@ THROUGHPUT_SCENARIOS = (
     Scenario("enqueue_occurrence", _fixed(ENQUEUE_ONE), measure_enqueue_one),
     Scenario("enqueue_many", _fixed(ENQUEUE_MANY), measure_enqueue_many),
     Scenario("claim_settle", _fixed(CYCLES), measure_cycles),
+    Scenario("settle_and_claim", _fixed(ONE_COMMIT), measure_one_commit_cycles),
     Scenario("claim_batch", _fixed(BATCH_CYCLE, BATCH_CLAIM), measure_batches),
 )

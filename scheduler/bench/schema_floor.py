@@ -40,6 +40,13 @@ SCHEMA_CYCLES = Spec(
     "rate",
     GROUP_FLOOR,
 )
+SCHEMA_ONE_COMMIT = Spec(
+    "schema_floor_one_commit_cycles_per_s",
+    "schema floor: settle + claim row changes in ONE commit per cycle, raw sqlite3",
+    "cycles/s",
+    "rate",
+    GROUP_FLOOR,
+)
 _HEAD: Final = (
     "SELECT occurrence_id, attempt, fence FROM occurrences WHERE status = 'queued' AND available_at <= ? "
     "ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id LIMIT 1"
@@ -66,24 +73,44 @@ def _connect(path: Any) -> sqlite3.Connection:
     return connection
 
 
-def _cycle(connection: sqlite3.Connection) -> None:
-    now = wall_ms()
-    connection.execute("BEGIN IMMEDIATE")
+def _claim_rows(connection: sqlite3.Connection, now: int) -> tuple[str, int]:
+    """The claim's row changes (head of the claim index, UPDATE, event); (id, new fence)."""
     occurrence_id, attempt, fence = connection.execute(_HEAD, (now,)).fetchone()
     connection.execute(_CLAIM, (attempt + 1, fence + 1, OWNER, now + LEASE_MS, now, occurrence_id, fence))
     claimed = f'{{"attempt":{attempt + 1},"previousOwner":null,"previousStatus":"queued"}}'
     connection.execute(
         _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_claimed", now, OWNER, fence + 1, claimed)
     )
+    return occurrence_id, fence + 1
+
+
+def _settle_rows(connection: sqlite3.Connection, now: int, occurrence_id: str, fence: int) -> None:
+    """The settle's row changes (UPDATE, event) of an occurrence claimed at its first attempt."""
+    connection.execute(_SETTLE, (now, now, occurrence_id, OWNER, fence))
+    settled = '{"attempt":1,"maxAttempts":3}'
+    connection.execute(
+        _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_succeeded", now, OWNER, fence, settled)
+    )
+
+
+def _cycle(connection: sqlite3.Connection) -> None:
+    """claim_next then settle: two transactions."""
+    connection.execute("BEGIN IMMEDIATE")
+    occurrence_id, fence = _claim_rows(connection, wall_ms())
     connection.execute("COMMIT")
+    connection.execute("BEGIN IMMEDIATE")
+    _settle_rows(connection, wall_ms(), occurrence_id, fence)
+    connection.execute("COMMIT")
+
+
+def _one_commit_cycle(connection: sqlite3.Connection, held: tuple[str, int]) -> tuple[str, int]:
+    """settle_and_claim: settle the held occurrence and claim the next in one transaction."""
     now = wall_ms()
     connection.execute("BEGIN IMMEDIATE")
-    connection.execute(_SETTLE, (now, now, occurrence_id, OWNER, fence + 1))
-    settled = f'{{"attempt":{attempt + 1},"maxAttempts":3}}'
-    connection.execute(
-        _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_succeeded", now, OWNER, fence + 1, settled)
-    )
+    _settle_rows(connection, now, *held)
+    claimed = _claim_rows(connection, now)
     connection.execute("COMMIT")
+    return claimed
 
 
 def _enqueues(ctx: Context, connection: sqlite3.Connection, builder: DepthBuilder, record: Record) -> int:
@@ -142,6 +169,23 @@ def _cycles(ctx: Context, connection: sqlite3.Connection, record: Record, queued
     task.finish()
 
 
+def _one_commit_cycles(ctx: Context, connection: sqlite3.Connection, record: Record, queued: int) -> None:
+    cycles = min(queued - 1, ctx.config.cycles)
+    task = ctx.progress.task("schema floor: settle + claim in one commit", cycles)
+    connection.execute("BEGIN IMMEDIATE")
+    held = _claim_rows(connection, wall_ms())
+    connection.execute("COMMIT")
+    budget, done = ctx.budget(), 0
+    started, cpu_started = time.perf_counter(), time.process_time()
+    while done < cycles and not budget.spent(done):
+        held = _one_commit_cycle(connection, held)
+        done += 1
+        task.advance()
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    record(SCHEMA_ONE_COMMIT.key, rate(done, elapsed), count=done, cpu_us_per_item=cpu_us(cpu, done))
+    task.finish()
+
+
 def measure_schema_floor(ctx: Context, record: Record) -> None:
     """Raw-SQL enqueues (one and many per transaction), then claim + settle cycles."""
     path = ctx.path("schema-floor.sqlite")
@@ -153,10 +197,12 @@ def measure_schema_floor(ctx: Context, record: Record) -> None:
     connection = _connect(path)
     try:
         queued = _enqueues(ctx, connection, builder, record)
-        _cycles(ctx, connection, record, queued)
+        half = queued // 2
+        _cycles(ctx, connection, record, half)
+        _one_commit_cycles(ctx, connection, record, queued - half)
         _batches(ctx, connection, builder, record, first=queued)
     finally:
         connection.close()
 
 
-SCHEMA_SPECS: Final = (SCHEMA_ENQUEUE, SCHEMA_BATCH, SCHEMA_CYCLES)
+SCHEMA_SPECS: Final = (SCHEMA_ENQUEUE, SCHEMA_BATCH, SCHEMA_CYCLES, SCHEMA_ONE_COMMIT)

@@ -45,6 +45,10 @@ class StoreBase:
         """Run ``operation`` in one write transaction (clock sampled inside it)."""
         return self._runner.write(operation)
 
+    def _idle(self) -> None:
+        """Tell the runner the store found no work (it may checkpoint the WAL)."""
+        self._runner.idle()
+
     def _read(self, operation: Callable[[Tx], T]) -> T:
         """Run ``operation`` in one read snapshot."""
         return self._runner.read(operation)

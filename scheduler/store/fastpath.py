@@ -124,6 +124,15 @@ def _unsupported(prepared: Prepared, compiled: SQLCompiler, dialect: Dialect, ma
     )
 
 
+def _placeholders_match(sql: str, names: Sequence[str]) -> bool:
+    """One ``?`` (or expanding ``__[POSTCOMPILE_…]``) per positional name, as this module assumes.
+
+    A guard against a SQLAlchemy release whose compiled form means something else: the plan
+    is then not used and SQLAlchemy executes the statement itself.
+    """
+    return sql.count("?") + sql.count("__[POSTCOMPILE_") == len(names)
+
+
 def _compile(
     prepared: Prepared,
     dialect: Dialect,
@@ -153,6 +162,8 @@ def _compile(
     except AttributeError:  # a SQLAlchemy release without an attribute relied on here
         return None
     names = compiled.positiontup or []
+    if not _placeholders_match(compiled.string, names):
+        return None
     constants = {
         name: bind.effective_value
         for bind, name in compiled.bind_names.items()

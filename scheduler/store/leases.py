@@ -416,7 +416,10 @@ class LeaseOperations(StoreBase):
         lease = normalize_lease_ms(lease_ms)
         claim_filter = normalize_claim_filter(job_kind, workspace_id)
         claimed = self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, 1))
-        return claimed[0] if claimed else None
+        if not claimed:
+            self._idle()
+            return None
+        return claimed[0]
 
     def claim_batch(
         self,
@@ -435,7 +438,10 @@ class LeaseOperations(StoreBase):
         lease = normalize_lease_ms(lease_ms)
         claim_filter = normalize_claim_filter(job_kind, workspace_id)
         bounded = normalize_claim_batch_limit(limit)
-        return self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, bounded))
+        claimed = self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, bounded))
+        if not claimed:
+            self._idle()
+        return claimed
 
     def claim_occurrence(self, *, occurrence_id: str, owner_id: str, lease_ms: int) -> Occurrence | None:
         """Claim one named occurrence if it is eligible, else ``None`` (``SCHEDULER_NOT_FOUND`` if absent)."""
@@ -518,7 +524,10 @@ class LeaseOperations(StoreBase):
         )
         lease = normalize_lease_ms(lease_ms)
         claim_filter = normalize_claim_filter(job_kind, workspace_id)
-        return self._write(lambda tx: settle_and_claim_in(tx, request, lease, claim_filter))
+        cycle = self._write(lambda tx: settle_and_claim_in(tx, request, lease, claim_filter))
+        if cycle.claimed is None:
+            self._idle()
+        return cycle
 
     def settle_many(self, settlements: Sequence[Mapping[str, Any]]) -> list[Occurrence]:
         """``settle`` for each dict of its keyword arguments, in order, in one transaction."""

@@ -24,6 +24,7 @@ from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
 from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files, opening_postgresql
+from scheduler.store.checkpoints import WalCheckpoints, journal_size_limit_pragma
 from scheduler.store.clock import wall_clock
 from scheduler.store.dialects.sqlite import (
     CHECKPOINT_ON_CLOSE,
@@ -271,6 +272,7 @@ def _connect(
         _initialize_or_upgrade(conn, now, progress, target)
         if path is not None and own:
             _set_file_pragmas(conn, progress)
+            _pragma(conn, journal_size_limit_pragma())  # per connection (checkpoints.py)
         for pragma in DURABILITY_PRAGMAS:
             _pragma(conn, pragma if own else target.pragma(pragma.removeprefix("PRAGMA ")))
     except BaseException:
@@ -432,6 +434,8 @@ def open_store(
                 engine.dispose()
 
     runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place)
+    if path is not None:
+        runner.wal = WalCheckpoints(path)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)
 
 

@@ -30,6 +30,7 @@ from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
 from scheduler.schema.target import DEFAULT_SCHEMAS, SchemaTarget
 from scheduler.store import dialects, lifecycle
+from scheduler.store.checkpoints import WalCheckpoints
 from scheduler.store.dialect import StoreDialect
 from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, storage_unavailable
@@ -194,6 +195,8 @@ class Runner(Protocol):
 
     def close(self, release: Callable[[], None] | None = None) -> None: ...
 
+    def idle(self) -> None: ...
+
 
 def statement_options(target: SchemaTarget) -> dict[str, Any] | None:
     """Per-statement execution options sending Core statements to ``target``'s schema
@@ -318,6 +321,9 @@ class _Base:
         now = _sample_clock(self.clock) if sample_clock else 0
         return Tx(self.conn, now, self.uuid_factory, fast, self.options, None, locks)
 
+    def idle(self) -> None:
+        """The store found nothing to do (a claim without work); a moment for housekeeping."""
+
     def _child(self) -> NestedRunner:
         """A runner for the operations of a block, sharing this connection, lock and fast path;
         it keeps the block's state changes for the end of the block (``sink``)."""
@@ -342,15 +348,30 @@ class OwnedRunner(_Base):
 
     After a lost connection (PostgreSQL) the next call runs on a new driver connection: the
     failed one was invalidated, and SQLAlchemy checks out a new one when the runner next uses it.
+    On a database file, ``wal`` keeps the write-ahead log in bounds (``checkpoints.py``).
     """
 
     session_setup: Callable[[Connection], None] | None = None
     """Run on each new driver connection before its first transaction (PostgreSQL: the lock
     timeout and isolation level), so a store that reconnected runs exactly as before."""
     _prepared_driver: Any = None
+    wal: WalCheckpoints | None = None
 
     def write(self, operation: Callable[[Tx], T]) -> T:
-        return self._guarded(lambda: self._run(operation, BEGIN_WRITE))
+        return self._guarded(lambda: self._write_and_count(operation))
+
+    def _write_and_count(self, operation: Callable[[Tx], T]) -> T:
+        result = self._run(operation, BEGIN_WRITE)
+        if self.wal is not None:
+            self.wal.after_write(self.conn)
+        return result
+
+    def idle(self) -> None:
+        wal = self.wal
+        if wal is None:
+            return
+        with suppress(SchedulerKernelError):  # closed meanwhile: the housekeeping is optional
+            self._guarded(lambda: wal.idle(self.conn))
 
     def read(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._run(operation, BEGIN_READ, sample_clock=False))

@@ -1,0 +1,113 @@
+"""The fast path relies on SQLAlchemy internals; when one is missing or changed it steps aside.
+
+Each test removes or alters an internal the fast path reads, then runs the hot paths and checks
+that (a) no fast-path plan is used and (b) the results and the stored rows are exactly those of
+an unaltered run: SQLAlchemy executed every statement itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler import SchedulerStore, open_store
+from scheduler.store import fastpath
+
+T0 = 1767225600000
+AUTHORITY = {"principal": {"type": "user", "id": "u"}}
+
+
+def workload(store: SchedulerStore) -> list[Any]:
+    """Enqueue, claim (one and a batch, with a kind sequence), settle, settle_and_claim, list."""
+    store.create_job(id="job", kind="k", authority=AUTHORITY)
+    store.enqueue_many([{"job_id": "job", "scheduled_for": T0 + i, "trigger_key": f"t{i}"} for i in range(6)])
+    first = store.claim_next(owner_id="w", lease_ms=5000)
+    assert first is not None
+    cycle = store.settle_and_claim(
+        occurrence_id=first.id,
+        owner_id="w",
+        fence=first.fence,
+        outcome="failed",
+        retryable=False,
+        lease_ms=5000,
+    )
+    batch = store.claim_batch(owner_id="w", lease_ms=5000, limit=3, job_kind=["k", "other"])
+    settled = store.settle_many(
+        [{"occurrence_id": o.id, "owner_id": "w", "fence": o.fence, "outcome": "succeeded"} for o in batch]
+    )
+    return [
+        first.to_dict(),
+        cycle.to_dict(),
+        [o.to_dict() for o in settled],
+        [o.to_dict() for o in store.list_dead_letters(limit=10)],
+        [e.to_dict() for e in store.history(job_id="job", limit=50)],
+    ]
+
+
+def run(tmp_path: Path, name: str) -> tuple[list[Any], dict[Any, Any]]:
+    clock = iter(range(T0 + 10_000, T0 + 1_000_000, 7))
+    ids = iter(f"uuid-{i}" for i in range(1000))
+    store = open_store(tmp_path / name, clock=lambda: next(clock), uuid_factory=lambda: next(ids))
+    try:
+        results = workload(store)
+        fast = store._runner.fastpath  # type: ignore[attr-defined]
+        plans = {} if fast is None else dict(fast._plans)
+        return results, plans
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def reference(tmp_path: Path) -> list[Any]:
+    results, plans = run(tmp_path, "reference.sqlite")
+    assert plans and all(plan is not None for plan in plans.values())  # the fast path was used
+    return results
+
+
+def renamed_internal(*_args: Any) -> Any:
+    """What reading an internal that a later SQLAlchemy renamed does."""
+    raise AttributeError("'SQLCompiler' object has no attribute 'an_internal'")
+
+
+def altered(monkeypatch: pytest.MonkeyPatch, change: Callable[[pytest.MonkeyPatch], None]) -> None:
+    change(monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            lambda mp: mp.setattr(fastpath, "_unsupported", renamed_internal), id="compiler-attr-renamed"
+        ),
+        pytest.param(
+            lambda mp: mp.setattr(fastpath, "_placeholders_match", lambda sql, names: False),
+            id="bind-order-changed",
+        ),
+    ],
+)
+def test_a_changed_compiler_internal_falls_back_to_sqlalchemy(
+    tmp_path: Path, reference: list[Any], monkeypatch: pytest.MonkeyPatch, change: Any
+) -> None:
+    altered(monkeypatch, change)
+    results, plans = run(tmp_path, "altered.sqlite")
+    assert plans and all(plan is None for plan in plans.values())
+    assert results == reference
+
+
+def test_a_missing_connection_internal_turns_the_fast_path_off(
+    tmp_path: Path, reference: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    internals = (*fastpath._CONNECTION_INTERNALS, "_an_attribute_a_future_release_renamed")
+    monkeypatch.setattr(fastpath, "_CONNECTION_INTERNALS", internals)
+    results, plans = run(tmp_path, "no-connection-internal.sqlite")
+    assert plans == {}
+    assert results == reference
+
+
+def test_the_placeholder_guard_counts_each_positional_bind() -> None:
+    assert fastpath._placeholders_match("SELECT ? , ? WHERE x IN (__[POSTCOMPILE_ids])", ["a", "b", "ids"])
+    assert not fastpath._placeholders_match("SELECT ?, ?", ["a"])
+    assert not fastpath._placeholders_match("SELECT :a", ["a"])
