@@ -18,6 +18,7 @@ import pytest
 from test_claim_equivalence import captured_plans
 
 from scheduler import SchedulerStore, open_store
+from scheduler.bench.adversarial import dead_letter_all
 from scheduler.bench.context import BENCH_AUTHORITY
 from scheduler.bench.depth import DepthBuilder, depth_job
 from scheduler.bench.stores import PAST_MS, wall_ms
@@ -171,3 +172,23 @@ def test_claim_occurrence_sweeps_through_the_same_bound(store: SchedulerStore) -
     claimed = store.claim_occurrence(occurrence_id=target.id, owner_id="w", lease_ms=LEASE)
     assert claimed is not None and claimed.id == target.id
     assert dead_letters(store) == 100
+
+
+def test_dead_letter_listings_walk_the_newest_events(store: SchedulerStore) -> None:
+    bulk(store, "bench")
+    dead_letter_all(path_of(store), "HANDLER_OUTCOME_UNKNOWN")  # as the bench builds it
+    listed: list[Any] = []
+    plans = captured_plans(
+        store,
+        [
+            lambda: listed.append(store.list_dead_letters(limit=50)),
+            lambda: listed.append(store.list_dead_letters(job_id="bench", limit=50)),
+            lambda: listed.append(store.list_adjudication_cases(limit=50)),
+        ],
+    )
+    assert [len(items) for items in listed] == [50, 50, 50]
+    assert listed[0] == listed[1]
+    assert [case.occurrence_id for case in listed[2]] == [occurrence.id for occurrence in listed[0]]
+    assert_bounded(plans)
+    assert not any("TEMP B-TREE" in step for _, plan in plans for step in plan)
+    assert not any(step.strip().startswith("SCAN events") for _, plan in plans for step in plan)

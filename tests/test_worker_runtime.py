@@ -100,8 +100,10 @@ def test_one_claim_serves_every_handled_kind_async_on_one_loop_sync_on_threads(t
     add_job(store, "sync")
     add_job(store, "async")
     for index in range(3):
-        enqueue(store, "sync", f"s{index}")
-        enqueue(store, "async", f"a{index}")
+        # One claim takes both kinds in the seed's order (job_kind as a sequence): the async
+        # occurrences first, so the three lanes run them together, then the three sync ones.
+        enqueue(store, "sync", f"s{index}", at=1)
+        enqueue(store, "async", f"a{index}", at=0)
     barrier = threading.Barrier(3, timeout=10)
     loops: set[int] = set()
     running_async = {"now": 0, "max": 0}

@@ -131,24 +131,28 @@ def _fleet(store: Any, path: Path, rows: int, calls: int) -> Callable[[], Any]:
     return _claim_then_settle(store)
 
 
-def _dead_letter_all(path: Path, code: str) -> None:
+def dead_letter_all(path: Path, code: str) -> None:
+    """Dead-letter every occurrence, each with its ``occurrence_dead_lettered`` event (as settle writes)."""
     error = '{"code":"' + code + '","message":"bench"}'
     _sql(
         path,
         "UPDATE occurrences SET status = 'dead_letter', attempt = 1, fence = 1, "
         f"last_error_json = '{error}', settled_at = created_at + (rowid % 100000)",
+        "INSERT INTO events (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json) "
+        "SELECT job_id, occurrence_id, 'occurrence_dead_lettered', settled_at, 'bench', 1, "
+        """'{"attempt":1,"maxAttempts":3}' FROM occurrences ORDER BY settled_at, occurrence_id""",
     )
 
 
 def _dead_letters(store: Any, path: Path, rows: int, calls: int) -> Callable[[], Any]:
     _bulk(store, path, "bench", rows, "dead")
-    _dead_letter_all(path, "execution_failed")
+    dead_letter_all(path, "execution_failed")
     return _read(lambda: store.list_dead_letters(limit=50))
 
 
 def _adjudication(store: Any, path: Path, rows: int, calls: int) -> Callable[[], Any]:
     _bulk(store, path, "bench", rows, "unknown")
-    _dead_letter_all(path, "HANDLER_OUTCOME_UNKNOWN")
+    dead_letter_all(path, "HANDLER_OUTCOME_UNKNOWN")
     return _read(lambda: store.list_adjudication_cases(limit=50))
 
 

@@ -8,9 +8,10 @@ next settlement (or expired-final sweep) lives in ``leases.py``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import Row
 
 from scheduler.contract.canonical import sha256_payload_digest
@@ -33,10 +34,13 @@ from scheduler.store.authority import (
     load_authority_reservation,
     load_occurrence,
     lock_occurrence_row,
+    map_authority_reservation,
     occurrence_not_found,
 )
 from scheduler.store.base import StoreBase
-from scheduler.store.dialect import glob_match, json_text_field
+from scheduler.store.dead_letters import newest_dead_letters
+from scheduler.store.fastpath import Prepared
+from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import (
     Adjudication,
     AdjudicationCase,
@@ -48,7 +52,6 @@ from scheduler.store.rows import read_stored_json
 from scheduler.store.session import Tx
 
 OUTCOME_UNKNOWN_CODE: Final = re.compile(r"[A-Z0-9_]+_OUTCOME_UNKNOWN")
-OUTCOME_UNKNOWN_GLOB: Final = "*_OUTCOME_UNKNOWN"
 CANDIDATE_SCAN_LIMIT: Final = 1000
 EVIDENCE_CONFLICT: Final = "SCHEDULER_ADJUDICATION_EVIDENCE_CONFLICT"
 
@@ -163,7 +166,13 @@ def load_adjudication_case(tx: Tx, occurrence_id: str) -> AdjudicationCase | Non
     if occurrence is None:
         return None
     reservation = load_authority_reservation(tx, occurrence_id)
-    adjudication = load_adjudication(tx, occurrence_id)
+    return adjudication_case(occurrence, reservation, load_adjudication(tx, occurrence_id))
+
+
+def adjudication_case(
+    occurrence: Occurrence, reservation: AuthorityReservation | None, adjudication: Adjudication | None
+) -> AdjudicationCase:
+    """The case of an occurrence given its reservation and adjudication rows."""
     eligible = (
         occurrence.status == DEAD_LETTER
         and is_outcome_unknown_error(occurrence.last_error)
@@ -196,22 +205,45 @@ def load_adjudication_case(tx: Tx, occurrence_id: str) -> AdjudicationCase | Non
     )
 
 
+_RESERVATIONS: Final = Prepared(
+    select(t.authority_reservations).where(
+        t.authority_reservations.c.occurrence_id.in_(bindparam("ids", expanding=True))
+    )
+)
+
+
+def _candidate_cases(tx: Tx, rows: Sequence[Any]) -> list[AdjudicationCase]:
+    """Cases of candidate rows (outcome-unknown dead letters without an adjudication, read in
+    this snapshot), their reservations read with one query."""
+    ids = [row.occurrence_id for row in rows]
+    reservations = {
+        row.occurrence_id: map_authority_reservation(row) for row in tx.all(_RESERVATIONS, {"ids": ids})
+    }
+    return [
+        adjudication_case(occurrence_record(row), reservations.get(row.occurrence_id), None) for row in rows
+    ]
+
+
 def list_adjudication_cases_in(tx: Tx, limit: int) -> list[AdjudicationCase]:
-    """Eligible cases, newest settlement first (the SQL pre-filter is only a GLOB)."""
-    o, a = t.occurrences, t.adjudications
-    candidates = tx.execute(
-        select(o.c.occurrence_id)
-        .select_from(o.outerjoin(a, a.c.occurrence_id == o.c.occurrence_id))
-        .where(
-            o.c.status == DEAD_LETTER,
-            a.c.occurrence_id.is_(None),
-            glob_match(json_text_field(o.c.last_error_json, "code"), OUTCOME_UNKNOWN_GLOB),
-        )
-        .order_by(o.c.settled_at.desc(), o.c.occurrence_id)
-        .limit(CANDIDATE_SCAN_LIMIT)
-    ).scalars()
-    cases = [load_adjudication_case(tx, occurrence_id) for occurrence_id in list(candidates)]
-    return [case for case in cases if case is not None and case.eligible][:limit]
+    """Eligible cases, newest settlement first (seed: the first 1000 candidates, filtered, sliced).
+
+    Candidates are read a few at a time (``dead_letters.newest_dead_letters``) until ``limit``
+    are eligible, which returns what the seed's eager version returns.
+    """
+    cases: list[AdjudicationCase] = []
+    loaded = 0
+    count = limit
+    while True:
+        candidates = newest_dead_letters(tx, unknown_only=True, count=count)
+        for case in _candidate_cases(tx, candidates[loaded:]) if len(candidates) > loaded else []:
+            if case.eligible:
+                cases.append(case)
+                if len(cases) == limit:
+                    return cases
+        loaded = len(candidates)
+        if loaded < count or count == CANDIDATE_SCAN_LIMIT:
+            return cases
+        count = min(CANDIDATE_SCAN_LIMIT, count * 4)
 
 
 def _assert_adjudicable(case: AdjudicationCase, evidence_digest: str, attempt: int, fence: int) -> None:

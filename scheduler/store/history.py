@@ -6,11 +6,12 @@ from typing import Any, Final
 
 from sqlalchemy import bindparam, select
 
-from scheduler.contract.constants import DEAD_LETTER, DEFAULT_HISTORY_LIMIT
+from scheduler.contract.constants import DEFAULT_HISTORY_LIMIT
 from scheduler.contract.scalars import normalize_history_limit
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
+from scheduler.store.dead_letters import newest_dead_letters
 from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Event, Occurrence
@@ -28,19 +29,9 @@ def _history(by_occurrence: bool, by_job: bool) -> Prepared:
     return Prepared(query.order_by(t.events.c.event_id.desc()).limit(bindparam("limit")))
 
 
-def _dead_letters(by_job: bool) -> Prepared:
-    """Dead letters, most recently settled first (params: job_id, limit)."""
-    o = t.occurrences
-    query = select(o).where(o.c.status == DEAD_LETTER)
-    if by_job:
-        query = query.where(o.c.job_id == bindparam("job_id"))
-    return Prepared(query.order_by(o.c.settled_at.desc(), o.c.occurrence_id).limit(bindparam("limit")))
-
-
 _HISTORY: Final = {
     (occurrence, job): _history(occurrence, job) for occurrence in (False, True) for job in (False, True)
 }
-_DEAD_LETTERS: Final = {job: _dead_letters(job) for job in (False, True)}
 
 
 def read_events(tx: Tx, occurrence_id: str | None, job_id: str | None, limit: int) -> list[Event]:
@@ -50,7 +41,7 @@ def read_events(tx: Tx, occurrence_id: str | None, job_id: str | None, limit: in
 
 
 def read_dead_letters(tx: Tx, job_id: str | None, limit: int) -> list[Occurrence]:
-    rows = tx.all(_DEAD_LETTERS[job_id is not None], _params(limit, job_id=job_id))
+    rows = newest_dead_letters(tx, job_id=job_id, count=limit)
     return [occurrence_record(row) for row in rows]
 
 
