@@ -228,6 +228,9 @@ def _running(w: dict[str, Any]) -> dict[str, Any]:
     return {"occurrence_id": w["running"].id, "owner_id": "w1", "fence": w["running"].fence}
 
 
+_CYCLE: dict[str, Any] = {"outcome": "failed", "lease_ms": 1000}  # settle_and_claim's other arguments
+
+
 def _enqueue(**kw: Any) -> dict[str, Any]:
     return {"job_id": "job-a", "scheduled_for": T0, "trigger_key": "t-h", **kw}
 
@@ -301,6 +304,14 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
     ],
     "settle_many": [
         key(lambda s, w, v: s.settle_many([{**_running(w), "owner_id": v, "outcome": "failed"}])),
+    ],
+    "settle_and_claim": [
+        key(lambda s, w, v: s.settle_and_claim(**{**_running(w), "occurrence_id": v}, **_CYCLE)),
+        key(lambda s, w, v: s.settle_and_claim(**{**_running(w), "owner_id": v}, **_CYCLE)),
+        key(lambda s, w, v: s.settle_and_claim(**_running(w), **_CYCLE, job_kind=v), 128),
+        key(lambda s, w, v: s.settle_and_claim(**_running(w), **_CYCLE, job_kind=["none", v]), 128),
+        key(lambda s, w, v: s.settle_and_claim(**_running(w), **_CYCLE, workspace_id=v)),
+        closed(lambda s, w, v: s.settle_and_claim(**_running(w), outcome=v, lease_ms=1000)),
     ],
     "history": [
         key(lambda s, w, v: s.history(occurrence_id=v)),

@@ -218,13 +218,14 @@ class Claims:
     applied, so nothing is read back.
     """
 
-    __slots__ = ("claimed", "events", "expires", "owner", "rows", "tx", "updates")
+    __slots__ = ("claimed", "events", "expires", "owner", "owns_events", "rows", "tx", "updates")
 
-    def __init__(self, tx: Tx, owner: str, lease_ms: int) -> None:
+    def __init__(self, tx: Tx, owner: str, lease_ms: int, events: EventLog | None = None) -> None:
         self.tx = tx
         self.owner = owner
         self.expires = lease_expiry(tx.now, lease_ms)
-        self.events = EventLog(tx)
+        self.owns_events = events is None
+        self.events = EventLog(tx) if events is None else events
         self.rows: list[StoredRow] = []
         self.updates: list[dict[str, Any]] = []
         self.claimed: list[Occurrence] = []
@@ -289,7 +290,8 @@ class Claims:
             if row.retry_request_id is not None:
                 params = {"p_id": row.occurrence_id, "p_request": row.retry_request_id, "p_now": tx.now}
                 tx.changes(_CONSUME_RETRY, params)
-        self.events.flush(tx)
+        if self.owns_events:
+            self.events.flush(tx)
         return self.claimed
 
 
@@ -311,9 +313,14 @@ def _rebind_control(tx: Tx, row: StoredRow, fence: int) -> None:
         )
 
 
-def claim_in(tx: Tx, owner: str, lease_ms: int, claim_filter: ClaimFilter, limit: int) -> list[Occurrence]:
-    """Up to ``limit`` successive claims, each preceded by the seed's sweep."""
-    claims = Claims(tx, owner, lease_ms)
+def claim_in(
+    tx: Tx, owner: str, lease_ms: int, claim_filter: ClaimFilter, limit: int, events: EventLog | None = None
+) -> list[Occurrence]:
+    """Up to ``limit`` successive claims, each preceded by the seed's sweep.
+
+    With ``events`` given, the events are appended there for the caller to write.
+    """
+    claims = Claims(tx, owner, lease_ms, events)
     statement = claim_next_prepared(claim_filter)
     rows = tx.all(statement, claim_next_params(tx.now, limit, claim_filter))
     plan = ClaimPlan(rows, tx.now)
@@ -349,8 +356,10 @@ def settle_and_claim_in(
 ) -> SettledAndClaimed:
     """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
     lease_expiry(tx.now, lease_ms)  # refuse an unrepresentable lease before anything is written
-    settled = settle_in(tx, request)
-    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1)
+    events = EventLog(tx)  # both halves' events, in order, written with one INSERT
+    settled = settle_in(tx, request, events)
+    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events)
+    events.flush(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
 
 

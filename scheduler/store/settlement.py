@@ -306,7 +306,7 @@ def _as_dict(row: Any) -> dict[str, Any]:
 class _Settlements:
     """The settlements of one transaction: rows read once, one UPDATE and one event insert at the end."""
 
-    def __init__(self, tx: Tx, requests: Sequence[SettleRequest]) -> None:
+    def __init__(self, tx: Tx, requests: Sequence[SettleRequest], events: EventLog | None = None) -> None:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
         if len(ids) == 1:
@@ -315,7 +315,8 @@ class _Settlements:
             rows = [row for chunk in chunks(ids) for row in tx.all(_CURRENT_MANY, {"p_ids": list(chunk)})]
         self.current: dict[str, dict[str, Any]] = {row.occurrence_id: _as_dict(row) for row in rows}
         self.updates: list[dict[str, Any]] = []
-        self.events = EventLog(tx)
+        self.owns_events = events is None
+        self.events = EventLog(tx) if events is None else events
 
     def settle(self, request: SettleRequest) -> Occurrence:
         """Settle one attempt (seed: settle's transaction body); the row write is deferred."""
@@ -381,12 +382,16 @@ class _Settlements:
     def write(self) -> None:
         if self.updates and self.tx.changes(_SETTLE, self.updates) != len(self.updates):
             raise lease_lost(self.updates[0]["p_id"])
-        self.events.flush(self.tx)
+        if self.owns_events:
+            self.events.flush(self.tx)
 
 
-def settle_in(tx: Tx, request: SettleRequest) -> Occurrence:
-    """Settle the caller's live lease (``SCHEDULER_LEASE_LOST`` for a stale owner, fence or lease)."""
-    settlements = _Settlements(tx, [request])
+def settle_in(tx: Tx, request: SettleRequest, events: EventLog | None = None) -> Occurrence:
+    """Settle the caller's live lease (``SCHEDULER_LEASE_LOST`` for a stale owner, fence or lease).
+
+    With ``events`` given, the settlement's event is appended there for the caller to write.
+    """
+    settlements = _Settlements(tx, [request], events)
     occurrence = settlements.settle(request)
     settlements.write()
     return occurrence
