@@ -56,7 +56,11 @@ def bench_command(
     ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="Worker processes.")] = 4,
     profile: Annotated[
-        bool, typer.Option("--profile", help="Also cProfile enqueue_occurrence and claim_next + settle.")
+        bool,
+        typer.Option(
+            "--profile",
+            help="Also profile (CPU time) enqueue_occurrence, claim_next + settle and settle_and_claim.",
+        ),
     ] = False,
     directory: Annotated[
         Path | None, typer.Option("--dir", help="Where the temporary databases go (default: system temp).")
