@@ -8,7 +8,7 @@ them by the seed's key in Python, so the chosen occurrence is exactly the seed's
 
 * ``queued`` and ``retry_wait`` (the *due arms*): an ordered walk of the index that stops at the
   first ``:arm_limit`` rows passing the job/attempt/control filters, but never walks past the
-  first :data:`WINDOW` due entries of its status. A marker row per status reports the
+  first :data:`WINDOW` + ``arm_limit`` - 1 due entries of its status. A marker row per status reports the
   ``available_at`` of the window's last entry (``NULL`` when fewer are due).
 * If a due arm came back short while its window was full, the rows it skipped belonged to jobs
   the claim may not take (disabled, another kind or workspace) or were otherwise ineligible.
@@ -58,7 +58,7 @@ SWEEP_LIMIT: Final = 100
 # The three bounds are bound parameters read when a claim runs (tests shrink them to exercise
 # every path on small states).
 WINDOW = 32
-"""Due index entries per status the first probe may walk."""
+"""Due index entries per status the first probe may walk beyond the ``limit`` it wants."""
 JOB_PROBE_BUDGET = 4096
 """Occurrences (any status) of the eligible jobs the beyond-the-window probe may read."""
 EXPIRED_PROBE = SWEEP_LIMIT
@@ -289,7 +289,7 @@ def claim_next_params(now: int, limit: int, claim_filter: ClaimFilter) -> dict[s
     params["now"] = now
     params["arm_limit"] = limit
     params["expired_limit"] = EXPIRED_PROBE + limit
-    params["window_last"] = WINDOW - 1
+    params["window_last"] = WINDOW + limit - 2  # a window of WINDOW + limit - 1 due entries
     return params
 
 
