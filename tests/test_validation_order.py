@@ -130,6 +130,7 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
     "renew": lambda s: s.renew(**_RUN, lease_ms=10),
     "settle": lambda s: s.settle(**_RUN, outcome="succeeded"),
     "settle_many": lambda s: s.settle_many([{**_RUN, "outcome": "done"}]),
+    "settle_and_claim": lambda s: s.settle_and_claim(**_RUN, outcome="succeeded", lease_ms=0),
     "set_authority_policy": lambda s: s.set_authority_policy(
         PRINCIPAL, capabilities=[], window_ms=60_000, max_runs=1, max_units=1
     ),
