@@ -7,7 +7,6 @@ URL, first order number). It prints ``{"ready": true}`` once set up, then for ea
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 from typing import Any
@@ -41,13 +40,7 @@ def engine_for(spec: dict[str, Any]) -> Engine:
 
 
 def outbox(session: Session, spec: dict[str, Any]) -> SchedulerStore:
-    connection = session.connection()
-    schema = spec.get("schema")
-    if schema and schema != "main" and "schema" in inspect.signature(SchedulerStore.on_connection).parameters:
-        return SchedulerStore.on_connection(connection, schema=schema)  # type: ignore[call-arg]
-    # Before on_connection took schema=: the shop's file has no table named like the
-    # scheduler's, so SQLite resolves the unqualified names in the attached database.
-    return SchedulerStore.on_connection(connection)
+    return SchedulerStore.on_connection(session.connection(), schema=spec.get("schema") or "main")
 
 
 def say(record: dict[str, Any]) -> None:
