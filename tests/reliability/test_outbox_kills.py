@@ -120,10 +120,29 @@ def app_engine(spec: dict[str, Any], journal: bool = True) -> tuple[Engine, str]
     )
 
 
+def wait_for_killed_sessions(engine: Engine, timeout: float = 30) -> None:
+    """Wait until the killed client's server session is gone: a COMMIT it had sent may still be
+    completing on the server, and the outcome must be read after it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as connection:
+            others = connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        if others == 0 or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
 def outcome(spec: dict[str, Any]) -> tuple[set[int], set[int]]:
     """(orders, orders that have an occurrence), read as the application would after a restart."""
     engine, occurrences = app_engine(spec)
     try:
+        if spec["layout"] == "postgresql":
+            wait_for_killed_sessions(engine)
         with engine.begin() as connection:
             orders = {int(row[0]) for row in connection.execute(text("SELECT id FROM orders"))}
             keys = connection.execute(
