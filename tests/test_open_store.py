@@ -209,6 +209,16 @@ def test_bad_options_are_invalid_arguments_and_create_nothing(
     assert not db.exists()
 
 
+@pytest.mark.parametrize("spelling", ["path", "pathlike", "url"])
+def test_a_path_with_a_nul_character_is_an_invalid_argument(tmp_path: Path, spelling: str) -> None:
+    raw = f"{tmp_path}/kernel\x00.sqlite"
+    target: Any = {"path": raw, "pathlike": Path(raw), "url": f"sqlite:///{raw}"}[spelling]
+    with pytest.raises(SchedulerKernelError) as raised:
+        open_store(target, clock=lambda: T0)
+    assert raised.value.code == "SCHEDULER_INVALID_ARGUMENT"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_close_is_idempotent_and_later_calls_are_refused(tmp_path: Path) -> None:
     store = open_store(fresh(tmp_path), clock=lambda: T0)
     store.close()

@@ -82,6 +82,13 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
+def _file_path(raw: str) -> Path:
+    """The absolute path of a database file; a NUL byte cannot name a file on any platform."""
+    if "\x00" in raw:
+        raise invalid_argument("a database path must not contain a NUL character")
+    return _absolute(Path(raw).expanduser())
+
+
 def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
     """(url, file path or None for memory/foreign, engine) for an ``open_store`` target."""
     if isinstance(target, Engine):
@@ -104,9 +111,10 @@ def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
             raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
         if url.database in (None, "", MEMORY):
             return target, None, None
-        return target, _absolute(Path(url.database)), None
+        return target, _file_path(url.database), None
     if isinstance(target, (str, os.PathLike)):
-        path = _absolute(Path(os.fspath(target)).expanduser())
+        raw = os.fspath(target)
+        path = _file_path(raw if isinstance(raw, str) else os.fsdecode(raw))
         return f"sqlite+pysqlite:///{path}", path, None
     raise invalid_argument("target must be a path, ':memory:', an SQLAlchemy URL, an Engine or None")
 
