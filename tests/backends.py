@@ -28,7 +28,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from scheduler import open_store
 from scheduler.schema import tables
+from scheduler.testing import T0
 
 ENV_URL: Final = "SCHEDULER_TEST_POSTGRES_URL"
 HOW_TO_ENABLE: Final = (
@@ -90,6 +92,7 @@ class PostgresServer:
     def __init__(self, url: URL) -> None:
         self.url = url
         self.engine = create_engine(url, poolclass=NullPool)
+        self._pooled: set[str] = set()
 
     def check_reachable(self) -> None:
         """Connect once; raises ``OperationalError`` when the server does not answer."""
@@ -114,6 +117,18 @@ class PostgresServer:
         with self.engine.begin() as connection:
             connection.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY")
 
+    def empty_schema(self, name: str, *, now: int = T0) -> str:
+        """``name`` as a freshly created v6 scheduler schema: created (``open_store`` at ``now``,
+        ms) the first time this session asks for it, emptied on every later call; dropped by
+        ``dispose``. Returns ``name``."""
+        if name in self._pooled:
+            self.empty_scheduler_tables(name)
+        else:
+            self.drop_schema(name)
+            open_store(self.engine, schema=name, clock=lambda: now).close()
+            self._pooled.add(name)
+        return name
+
     def create_database(self) -> URL:
         """A new, empty database on the same server (``template0``); drop it with ``drop_database``."""
         name = unique_name("t_db")
@@ -128,6 +143,8 @@ class PostgresServer:
             )
 
     def dispose(self) -> None:
+        for name in sorted(self._pooled):
+            self.drop_schema(name)
         self.engine.dispose()
 
 

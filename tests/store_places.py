@@ -9,10 +9,12 @@ insert on a second connection, for rows another module would write).
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
 from backends import POSTGRESQL, SQLITE, PostgresServer
 from dump import dump
 from sqlalchemy import create_engine, insert, select
@@ -23,6 +25,12 @@ from scheduler.schema import tables as t
 from scheduler.schema.target import quote_identifier
 
 Dump = dict[str, Any]
+
+sqlite_only = pytest.mark.parametrize("place", [SQLITE], indirect=True)
+"""Mark a test of a ``place``-parametrized module as SQLite-only (it reads the file, its
+pragmas or the SQLite driver); the module docstring says which tests and why."""
+
+_siblings = itertools.count(1)
 
 
 class SqliteFilePlace:
@@ -38,6 +46,10 @@ class SqliteFilePlace:
 
     def dump(self) -> Dump:
         return dump(self.path)
+
+    def sibling(self, name: str) -> SqliteFilePlace:
+        """Another empty place on this backend: a new file next to this one."""
+        return SqliteFilePlace(self.path.with_name(f"{name}-{next(_siblings)}.sqlite"))
 
     def sql(self, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         connection = sqlite3.connect(self.path)
@@ -69,6 +81,11 @@ class PostgresSchemaPlace:
     def open(self, **options: Any) -> SchedulerStore:
         return open_store(self.server.engine, schema=self.schema, **options)
 
+    def sibling(self, name: str) -> PostgresSchemaPlace:
+        """Another empty place on this backend: the session's v6 schema ``name`` (created once),
+        emptied now. Two siblings of the same name are the same schema."""
+        return PostgresSchemaPlace(self.server, self.server.empty_schema(f"{self.schema}_{name}"))
+
     def dump(self) -> Dump:
         """Every scheduler table's rows ordered by primary key (no ``sqlite_sequence``, no header)."""
         options = {"schema_translate_map": {None: self.schema}}
@@ -98,3 +115,15 @@ class PostgresSchemaPlace:
 
 
 StorePlace = SqliteFilePlace | PostgresSchemaPlace
+
+
+PG_EXAMPLES_DIVISOR: Final = 4
+"""A randomized (hypothesis) test runs this many times fewer examples on PostgreSQL, whose
+round trips cost far more than a SQLite file's: CI time, not coverage of a different kind."""
+
+
+def examples(place: StorePlace, on_sqlite: int) -> int:
+    """How many hypothesis examples a randomized test runs in ``place``."""
+    if place.backend == SQLITE:
+        return on_sqlite
+    return max(1, on_sqlite // PG_EXAMPLES_DIVISOR)

@@ -4,19 +4,19 @@ A hypothesis property: take a valid call (one that would write), replace one arg
 type, an out-of-range number, a malformed identifier or a non-JSON value, and check the error
 code, that the database dump is unchanged and that the clock was never read. The exception is an
 enqueue payload: the seed validates it inside the transaction, once the job is known (the clock
-has been read by then; still nothing is written).
+has been read by then; still nothing is written). Runs on both backends (``place``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lifecycle_support import INVALID, T0, Env
+from store_places import StorePlace, examples
 
 from scheduler import SchedulerKernelError
 
@@ -228,9 +228,9 @@ def method_table(fx: Fixture) -> dict[str, tuple[Callable[..., Any], dict[str, A
     }
 
 
-@pytest.fixture(scope="module")
-def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
-    env = Env(tmp_path_factory.mktemp("bad-input") / "kernel.sqlite")
+@pytest.fixture
+def fixture(place: StorePlace) -> Iterator[Fixture]:
+    env = Env(place)
     try:
         yield Fixture(env)
     finally:
@@ -250,12 +250,25 @@ def assert_rejected(
     return caught.value
 
 
-PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def property_settings(fixture: Fixture) -> settings:
+    """400 examples on SQLite (fewer on PostgreSQL: ``store_places.examples``)."""
+    return settings(
+        max_examples=examples(fixture.env.place, 400),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
-@PROPERTY
-@given(data=st.data())
-def test_one_bad_argument_is_rejected_without_writing(fixture: Fixture, data: st.DataObject) -> None:
+def test_one_bad_argument_is_rejected_without_writing(fixture: Fixture) -> None:
+    @property_settings(fixture)
+    @given(data=st.data())
+    def one_bad_argument(data: st.DataObject) -> None:
+        one_bad_argument_is_rejected(fixture, data)
+
+    one_bad_argument()
+
+
+def one_bad_argument_is_rejected(fixture: Fixture, data: st.DataObject) -> None:
     table = method_table(fixture)
     name = data.draw(st.sampled_from(sorted(table)), label="method")
     call, valid, invalid = table[name]
@@ -280,9 +293,16 @@ def bad_enqueue_item(data: st.DataObject) -> tuple[Any, dict[str, Any] | None, b
     return {**valid, field: data.draw(ENQUEUE[field], label="value")}, None, field == "payload"
 
 
-@PROPERTY
-@given(data=st.data())
-def test_one_bad_batch_item_is_rejected_with_its_index(fixture: Fixture, data: st.DataObject) -> None:
+def test_one_bad_batch_item_is_rejected_with_its_index(fixture: Fixture) -> None:
+    @property_settings(fixture)
+    @given(data=st.data())
+    def one_bad_item(data: st.DataObject) -> None:
+        one_bad_batch_item_is_rejected(fixture, data)
+
+    one_bad_item()
+
+
+def one_bad_batch_item_is_rejected(fixture: Fixture, data: st.DataObject) -> None:
     store = fixture.env.store
     valid_count = data.draw(st.integers(0, 3), label="valid items")
     index = data.draw(st.integers(0, valid_count), label="bad index")
@@ -341,8 +361,8 @@ def test_unknown_keywords_are_pythons_type_error(fixture: Fixture) -> None:
         store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="k", extra=1)  # type: ignore[call-arg]
 
 
-def test_validation_precedes_the_closed_check(tmp_path: Path) -> None:
-    env = Env(tmp_path / "closed.sqlite")
+def test_validation_precedes_the_closed_check(place: StorePlace) -> None:
+    env = Env(place)
     env.store.close()
     with pytest.raises(SchedulerKernelError) as caught:
         env.store.claim_next(owner_id="", lease_ms=1000)

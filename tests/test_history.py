@@ -1,18 +1,18 @@
-"""Event history and dead-letter reads (seed: history, listDeadLetters)."""
+"""Event history and dead-letter reads (seed: history, listDeadLetters), on both backends (``place``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from lifecycle_support import INVALID, T0, Env, env_at, expect_error
+from store_places import StorePlace
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Iterator[Env]:
+    with env_at(place) as environment:
         environment.job("agenda-a", max_attempts=1)
         environment.job("routine-b", kind="routine", max_attempts=1)
         yield environment

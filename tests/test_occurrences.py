@@ -1,16 +1,15 @@
-"""Enqueue (idempotent), once-per-trigger, reads and enqueue_many on real SQLite files."""
+"""Enqueue (idempotent), once-per-trigger, reads and enqueue_many, on both backends (``place``)."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lifecycle_support import INVALID, T0, Env, env_at, expect_error
+from store_places import StorePlace, examples
 
 from scheduler import SchedulerKernelError, derive_occurrence_identity
 from scheduler.store.records import Occurrence
@@ -40,8 +39,8 @@ OCCURRENCE_KEYS = [
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Iterator[Env]:
+    with env_at(place) as environment:
         environment.job("agenda-a", max_attempts=2)
         yield environment
 
@@ -331,12 +330,15 @@ def outcome_of(call: Any) -> Any:
         return (error.code, error.details)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(REQUEST, max_size=6))
-def test_enqueue_many_equals_successive_enqueues(requests: list[dict[str, Any]]) -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        batch, single = Env(Path(directory) / "batch.sqlite"), Env(Path(directory) / "single.sqlite")
-        try:
+def test_enqueue_many_equals_successive_enqueues(place: StorePlace) -> None:
+    @settings(
+        max_examples=examples(place, 40),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(requests=st.lists(REQUEST, max_size=6))
+    def batch_equals_successive(requests: list[dict[str, Any]]) -> None:
+        with env_at(place.sibling("batch")) as batch, env_at(place.sibling("single")) as single:
             for environment in (batch, single):
                 environment.job("agenda-a")
                 environment.job("routine-b", kind="routine")
@@ -358,6 +360,5 @@ def test_enqueue_many_equals_successive_enqueues(requests: list[dict[str, Any]])
 
             assert got == outcome_of(sequential)
             assert batch.dump()["tables"] == single.dump()["tables"]
-        finally:
-            batch.store.close()
-            single.store.close()
+
+    batch_equals_successive()

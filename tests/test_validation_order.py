@@ -6,18 +6,20 @@
   method validates its arguments first (README §7 of the fixtures).
 * ``enqueueOccurrence`` validates the payload inside the transaction, after the job lookup, and
   ``enqueueOccurrenceOncePerTrigger`` returning an earlier occurrence never looks at it.
+
+Every test runs on both backends (``place``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from recorded import T0
+from store_places import StorePlace
 
-from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.testing import dump_tables
 
 INVALID = "SCHEDULER_INVALID_ARGUMENT"
@@ -28,8 +30,8 @@ NAN = float("nan")
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SchedulerStore]:
-    with open_store(tmp_path / "kernel.sqlite", clock=lambda: T0) as opened:
+def store(place: StorePlace) -> Iterator[SchedulerStore]:
+    with place.open(clock=lambda: T0) as opened:
         opened.create_job(id="job-a", kind="agenda", authority=AUTHORITY, payload={"p": 1})
         yield opened
 
