@@ -313,8 +313,10 @@ READ_COMMANDS = [
     ["occurrences", "show", "OCCURRENCE"],
     ["dead-letters"],
     ["adjudication", "list"],
+    ["adjudication", "show", "OCCURRENCE"],
     ["migrations", "list"],
     ["controls", "list"],
+    ["stats"],
 ]
 
 MEDIA_SCRIPT = """
@@ -388,6 +390,7 @@ def test_a_healthy_database_on_read_only_media(tmp_path: Path) -> None:
     assert [job["id"] for job in by_name["jobs list"]["jobs"]] == ["job-a"]
     assert by_name["history"]["count"] == 4
     assert by_name["occurrences show"]["occurrence"]["id"] == occurrence_id
+    assert by_name["adjudication show"]["case"]["occurrenceId"] == occurrence_id
     assert sha256(path) == digest
     assert sorted(entry.name for entry in directory.iterdir()) == ["kernel.sqlite"]
 
