@@ -1,4 +1,10 @@
-"""The ``scheduler`` command line: every command, its exit codes and its ``--json`` keys."""
+"""The ``scheduler`` command line: every command, its exit codes and its ``--json`` keys.
+
+The read commands' tests (``db``) run on both backends (``place``: a SQLite file, or a
+PostgreSQL schema selected with ``--db URL --schema NAME``); tests that read or tamper with the
+file, or use the recorded reference ``.sqlite`` files, are SQLite-only (``sqlite_only``, or no
+``db``); ``test_cli_postgresql`` covers init/upgrade/verify on PostgreSQL.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
@@ -15,26 +22,42 @@ import pytest
 from cli_support import invoke, run_json, sha256
 from cli_support import isolated_environment as isolated_environment
 from recorded import copy_reference, reference_dump
+from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace, sqlite_only
 
-from scheduler import open_store
 from scheduler.cli.operator import DecisionName, MigrationStateName
 from scheduler.contract.constants import (
     CONFIRMED_APPLIED,
     CONFIRMED_NOT_APPLIED,
     SCHEDULER_MIGRATION_STATES,
 )
-from scheduler.schema import SCHEMA_V6_FINGERPRINT
+from scheduler.schema import SCHEMA_V6_FINGERPRINT, SCHEMA_V6_PG_FINGERPRINT
 from scheduler.testing import T0, SchedulerClock
 
 AUTHORITY = {"principal": {"type": "service", "id": "cli-test"}, "requestedCapabilities": ["report.run"]}
 
 
+@dataclass(frozen=True)
+class CliDb:
+    """Where a read-command test's database lives (``place``): ``opts`` are the global options
+    that select it (``--db PATH``; PostgreSQL: ``--db URL --schema NAME``)."""
+
+    place: StorePlace
+    opts: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file (tests that read the file itself are SQLite-only)."""
+        assert isinstance(self.place, SqliteFilePlace), "a SQLite-only test"
+        return self.place.path
+
+
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
+def db(place: StorePlace) -> CliDb:
     """A v6 database with two jobs, one queued occurrence and one outcome-unknown dead letter."""
-    path = tmp_path / "data" / "kernel.sqlite"
     clock = SchedulerClock()
-    with open_store(path, clock=clock) as store:
+    if isinstance(place, SqliteFilePlace):
+        place = SqliteFilePlace(place.path.parent / "data" / "kernel.sqlite")
+    with place.open(clock=clock) as store:
         store.create_job(id="job-a", kind="report", authority=AUTHORITY)
         store.create_job(id="job-b", kind="agenda", authority=AUTHORITY, max_attempts=1)
         clock.advance(1000)
@@ -51,12 +74,14 @@ def db(tmp_path: Path) -> Path:
             error={"code": "REMOTE_OUTCOME_UNKNOWN", "message": "connection reset"},
             retryable=False,
         )
-    return path
+    if isinstance(place, PostgresSchemaPlace):
+        url = place.server.url.render_as_string(hide_password=False)
+        return CliDb(place, ("--db", url, "--schema", place.schema))
+    return CliDb(place, ("--db", str(place.path)))
 
 
-def occurrence_ids(path: Path) -> dict[str, str]:
-    with sqlite3.connect(path) as connection:
-        return dict(connection.execute("SELECT trigger_key, occurrence_id FROM occurrences"))
+def occurrence_ids(db: CliDb) -> dict[str, str]:
+    return dict(db.place.sql("SELECT trigger_key, occurrence_id FROM occurrences"))
 
 
 # ----------------------------------------------------------------- init / upgrade
@@ -129,9 +154,10 @@ def test_upgrade_refuses_a_foreign_database_untouched(tmp_path: Path) -> None:
 # ----------------------------------------------------------------- verify
 
 
-def test_verify_is_read_only_and_reports_every_check(db: Path) -> None:
-    before = sha256(db)
-    result = run_json("verify", "--db", str(db))
+@sqlite_only
+def test_verify_is_read_only_and_reports_every_check(db: CliDb) -> None:
+    before = sha256(db.path)
+    result = run_json(*db.opts, "verify")
     assert set(result) == {
         "database",
         "ok",
@@ -157,14 +183,15 @@ def test_verify_is_read_only_and_reports_every_check(db: Path) -> None:
         "foreign-keys",
     } <= set(names)
     assert "columns:occurrences" in names
-    assert sha256(db) == before
-    assert invoke("verify", "--db", str(db)).exit_code == 0
-    assert sha256(db) == before
+    assert sha256(db.path) == before
+    assert invoke(*db.opts, "verify").exit_code == 0
+    assert sha256(db.path) == before
 
 
-def test_verify_fails_on_an_added_trigger_without_touching_the_file(db: Path, tmp_path: Path) -> None:
+@sqlite_only
+def test_verify_fails_on_an_added_trigger_without_touching_the_file(db: CliDb, tmp_path: Path) -> None:
     tampered = tmp_path / "tampered.sqlite"
-    shutil.copyfile(db, tampered)
+    shutil.copyfile(db.path, tampered)
     with sqlite3.connect(tampered) as connection:
         connection.execute("CREATE TRIGGER sneaky AFTER INSERT ON jobs BEGIN SELECT 1; END")
     before = sha256(tampered)
@@ -178,11 +205,12 @@ def test_verify_fails_on_an_added_trigger_without_touching_the_file(db: Path, tm
     assert text.exit_code == 1 and "FAIL fingerprint" in text.stdout
 
 
-def test_verify_collects_several_findings(db: Path) -> None:
-    with sqlite3.connect(db) as connection:
+@sqlite_only
+def test_verify_collects_several_findings(db: CliDb) -> None:
+    with sqlite3.connect(db.path) as connection:
         connection.execute("CREATE INDEX scheduler_extra ON jobs(kind)")
         connection.execute("UPDATE migrations SET checksum = 'x' WHERE version = 3")
-    findings = run_json("verify", "--db", str(db), exit_code=1)["findings"]
+    findings = run_json(*db.opts, "verify", exit_code=1)["findings"]
     assert {(f["check"], f["code"]) for f in findings} == {
         ("fingerprint", "SCHEDULER_SCHEMA_CORRUPT"),
         ("migration-history", "SCHEDULER_SCHEMA_UNKNOWN"),
@@ -223,27 +251,25 @@ def test_verify_accepts_an_older_version_and_says_an_upgrade_is_pending(tmp_path
 # ----------------------------------------------------------------- info
 
 
-def test_info_reports_versions_counts_and_files(db: Path) -> None:
-    info = run_json("info", "--db", str(db))
-    assert set(info) == {
-        "database",
-        "integrity",
-        "files",
-        "journalMode",
-        "versions",
-        "fingerprint",
-        "migrations",
-        "tables",
-        "occurrences",
-    }
-    assert info["journalMode"] == "wal"
-    assert info["files"][db.name] == db.stat().st_size
-    assert info["versions"]["schema"] == 6 and info["versions"]["applicationId"] == 0x4343534B
-    assert info["fingerprint"] == {
-        "actual": SCHEMA_V6_FINGERPRINT,
-        "expected": SCHEMA_V6_FINGERPRINT,
-        "matches": True,
-    }
+def test_info_reports_versions_counts_and_files(db: CliDb) -> None:
+    info = run_json(*db.opts, "info")
+    keys = {"database", "integrity", "files", "journalMode", "versions", "fingerprint", "migrations"}
+    keys |= {"tables", "occurrences"}
+    if isinstance(db.place, PostgresSchemaPlace):  # no files, no journal mode, no quick_check
+        assert set(info) == keys | {"schema"}
+        assert info["schema"] == db.place.schema and info["database"].endswith(f"(schema {db.place.schema})")
+        assert (info["files"], info["journalMode"]) == ({}, None)
+        assert info["integrity"] == {"ok": True, "checked": False}
+        assert info["versions"]["postgresql"] and info["versions"]["applicationId"] is None
+        fingerprint = SCHEMA_V6_PG_FINGERPRINT
+    else:
+        assert set(info) == keys
+        assert info["journalMode"] == "wal"
+        assert info["files"][db.path.name] == db.path.stat().st_size
+        assert info["versions"]["applicationId"] == 0x4343534B
+        fingerprint = SCHEMA_V6_FINGERPRINT
+    assert info["versions"]["schema"] == 6
+    assert info["fingerprint"] == {"actual": fingerprint, "expected": fingerprint, "matches": True}
     assert [row["version"] for row in info["migrations"]] == [1, 2, 3, 4, 5, 6]
     assert info["tables"]["jobs"] == 2 and info["tables"]["occurrences"] == 2
     assert info["occurrences"] == {
@@ -253,91 +279,90 @@ def test_info_reports_versions_counts_and_files(db: Path) -> None:
         "succeeded": 0,
         "dead_letter": 1,
     }
-    assert "occurrences per status" in invoke("info", "--db", str(db)).stdout
+    assert "occurrences per status" in invoke(*db.opts, "info").stdout
 
 
 # ----------------------------------------------------------------- jobs, occurrences, history
 
 
-def test_jobs_list_and_show(db: Path) -> None:
-    listed = run_json("jobs", "list", "--db", str(db))
+def test_jobs_list_and_show(db: CliDb) -> None:
+    listed = run_json(*db.opts, "jobs", "list")
     assert set(listed) == {"jobs", "count", "limit"}
     assert [job["id"] for job in listed["jobs"]] == ["job-a", "job-b"]
-    assert run_json("jobs", "list", "--db", str(db), "--kind", "agenda")["jobs"][0]["id"] == "job-b"
-    assert run_json("jobs", "list", "--db", str(db), "--limit", "1")["count"] == 1
-    shown = run_json("jobs", "show", "job-b", "--db", str(db))
+    assert run_json(*db.opts, "jobs", "list", "--kind", "agenda")["jobs"][0]["id"] == "job-b"
+    assert run_json(*db.opts, "jobs", "list", "--limit", "1")["count"] == 1
+    shown = run_json(*db.opts, "jobs", "show", "job-b")
     assert set(shown) == {"job", "occurrences"}
     assert shown["job"]["maxAttempts"] == 1 and shown["occurrences"]["dead_letter"] == 1
-    assert "job-a" in invoke("jobs", "list", "--db", str(db)).stdout
+    assert "job-a" in invoke(*db.opts, "jobs", "list").stdout
 
 
-def test_jobs_show_unknown_is_exit_1_with_a_json_error(db: Path) -> None:
-    error = run_json("jobs", "show", "nope", "--db", str(db), exit_code=1)["error"]
+def test_jobs_show_unknown_is_exit_1_with_a_json_error(db: CliDb) -> None:
+    error = run_json(*db.opts, "jobs", "show", "nope", exit_code=1)["error"]
     assert error["code"] == "SCHEDULER_NOT_FOUND"
 
 
-def test_occurrences_list_filters_and_show(db: Path) -> None:
+def test_occurrences_list_filters_and_show(db: CliDb) -> None:
     ids = occurrence_ids(db)
-    listed = run_json("occurrences", "list", "--db", str(db))
+    listed = run_json(*db.opts, "occurrences", "list")
     assert set(listed) == {"occurrences", "count", "limit"} and listed["count"] == 2
-    dead = run_json("occurrences", "list", "--db", str(db), "--status", "dead_letter")["occurrences"]
+    dead = run_json(*db.opts, "occurrences", "list", "--status", "dead_letter")["occurrences"]
     assert [item["id"] for item in dead] == [ids["second"]]
-    by_job = run_json("occurrences", "list", "--db", str(db), "--job", "job-a")["occurrences"]
+    by_job = run_json(*db.opts, "occurrences", "list", "--job", "job-a")["occurrences"]
     assert [item["id"] for item in by_job] == [ids["first"]]
-    shown = run_json("occurrences", "show", ids["second"], "--db", str(db))
+    shown = run_json(*db.opts, "occurrences", "show", ids["second"])
     assert set(shown) == {"occurrence", "control", "reservation", "adjudication"}
     assert shown["occurrence"]["lastError"]["code"] == "REMOTE_OUTCOME_UNKNOWN"
-    assert run_json("occurrences", "show", "occ_missing", "--db", str(db), exit_code=1)["error"]["code"] == (
+    assert run_json(*db.opts, "occurrences", "show", "occ_missing", exit_code=1)["error"]["code"] == (
         "SCHEDULER_NOT_FOUND"
     )
 
 
-def test_history_filters_and_limits(db: Path) -> None:
+def test_history_filters_and_limits(db: CliDb) -> None:
     ids = occurrence_ids(db)
-    everything = run_json("history", "--db", str(db))
+    everything = run_json(*db.opts, "history")
     assert set(everything) == {"events", "count", "limit"}
     assert everything["events"][0]["type"] == "occurrence_dead_lettered"
     event_ids = [event["eventId"] for event in everything["events"]]
     assert event_ids == sorted(event_ids, reverse=True)
-    of_job = run_json("history", "--db", str(db), "--job", "job-a")["events"]
+    of_job = run_json(*db.opts, "history", "--job", "job-a")["events"]
     assert {event["jobId"] for event in of_job} == {"job-a"}
-    of_occurrence = run_json("history", "--db", str(db), "--occurrence", ids["second"])["events"]
+    of_occurrence = run_json(*db.opts, "history", "--occurrence", ids["second"])["events"]
     assert [event["type"] for event in of_occurrence] == [
         "occurrence_dead_lettered",
         "occurrence_claimed",
         "occurrence_enqueued",
     ]
-    assert run_json("history", "--db", str(db), "--limit", "2")["count"] == 2
+    assert run_json(*db.opts, "history", "--limit", "2")["count"] == 2
 
 
 @pytest.mark.parametrize("limit", ["0", "201", "many"])
-def test_out_of_range_limits_are_usage_errors(db: Path, limit: str) -> None:
-    assert invoke("history", "--db", str(db), "--limit", limit).exit_code == 2
+def test_out_of_range_limits_are_usage_errors(db: CliDb, limit: str) -> None:
+    assert invoke(*db.opts, "history", "--limit", limit).exit_code == 2
 
 
-def test_dead_letters(db: Path) -> None:
-    result = run_json("dead-letters", "--db", str(db))
+def test_dead_letters(db: CliDb) -> None:
+    result = run_json(*db.opts, "dead-letters")
     assert set(result) == {"deadLetters", "count", "limit"}
     assert [item["triggerKey"] for item in result["deadLetters"]] == ["second"]
-    assert run_json("dead-letters", "--db", str(db), "--job", "job-a")["deadLetters"] == []
+    assert run_json(*db.opts, "dead-letters", "--job", "job-a")["deadLetters"] == []
 
 
 # ----------------------------------------------------------------- adjudication
 
 
-def test_adjudication_list_show_and_decide(db: Path) -> None:
+def test_adjudication_list_show_and_decide(db: CliDb) -> None:
     dead = occurrence_ids(db)["second"]
-    cases = run_json("adjudication", "list", "--db", str(db))
+    cases = run_json(*db.opts, "adjudication", "list")
     assert set(cases) == {"cases", "count", "limit"}
     assert [case["occurrenceId"] for case in cases["cases"]] == [dead]
-    case = run_json("adjudication", "show", dead, "--db", str(db))["case"]
+    case = run_json(*db.opts, "adjudication", "show", dead)["case"]
     assert case["eligible"] is True and case["adjudication"] is None
     decide = [
+        *db.opts,
         "adjudication",
         "decide",
         dead,
-        "--db",
-        str(db),
         "--decision",
         "confirmed_not_applied",
         "--evidence-digest",
@@ -358,9 +383,9 @@ def test_adjudication_list_show_and_decide(db: Path) -> None:
     assert again["code"] == "SCHEDULER_ADJUDICATION_ALREADY_RECORDED"
 
 
-def test_adjudication_decide_rejects_bad_arguments(db: Path) -> None:
+def test_adjudication_decide_rejects_bad_arguments(db: CliDb) -> None:
     dead = occurrence_ids(db)["second"]
-    base = ["adjudication", "decide", dead, "--db", str(db), "--attempt", "1", "--fence", "1"]
+    base = [*db.opts, "adjudication", "decide", dead, "--attempt", "1", "--fence", "1"]
     base += ["--reason", "r", "--operator", "o"]
     assert invoke(*base, "--decision", "maybe", "--evidence-digest", "sha256:" + "0" * 64).exit_code == 2
     bad_digest = invoke(*base, "--decision", "confirmed_applied", "--evidence-digest", "nope", "--json")
@@ -421,24 +446,29 @@ def test_read_commands_never_create_or_upgrade(tmp_path: Path) -> None:
     assert sha256(old) == before
 
 
-def test_database_selection_order(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@sqlite_only
+def test_database_selection_order(db: CliDb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     other = tmp_path / "other.sqlite"
     run_json("init", "--db", str(other))
-    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"sqlite:///{db}")
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"sqlite:///{db.path}")
     assert run_json("jobs", "list")["count"] == 2
     assert json.loads(invoke("--db", str(other), "jobs", "list", "--json").stdout)["count"] == 0
     assert (
-        json.loads(invoke("--db", str(other), "jobs", "list", "--db", str(db), "--json").stdout)["count"] == 2
+        json.loads(invoke("--db", str(other), "jobs", "list", "--db", str(db.path), "--json").stdout)["count"]
+        == 2
     )
     monkeypatch.delenv("SCHEDULER_DATABASE_URL")
     home = tmp_path / "scheduler-home"
     assert run_json("init")["database"] == str(home / "kernel-v1.sqlite")
 
 
-def test_usage_errors_exit_2(db: Path) -> None:
+@sqlite_only
+def test_usage_errors_exit_2(db: CliDb) -> None:
     assert invoke("no-such-command").exit_code == 2
-    assert invoke("jobs", "list", "--db", str(db), "--bogus").exit_code == 2
-    assert invoke("jobs", "list", "--db", "postgresql://localhost/x").exit_code == 2
+    assert invoke(*db.opts, "jobs", "list", "--bogus").exit_code == 2
+    assert invoke("jobs", "list", "--db", "mysql://localhost/x").exit_code == 2
+    assert invoke("jobs", "list", "--db", "postgresql+asyncpg://localhost/x").exit_code == 2
+    assert invoke("--schema", "kernel", "jobs", "list", *db.opts).exit_code == 2
     assert invoke("info", "--db", ":memory:").exit_code == 2
 
 

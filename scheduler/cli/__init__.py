@@ -1,6 +1,8 @@
 """The ``scheduler`` operator command line (Typer + rich).
 
-Read commands open the database read-only and never create or upgrade it; ``init``,
+``--db`` names a SQLite file or a PostgreSQL database (``postgresql+psycopg://``; the global
+``--schema`` picks the scheduler's schema there, default ``scheduler``). Read commands open the
+database read-only and never create or upgrade it; ``init``,
 ``upgrade``, ``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and
 ``prune`` write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
@@ -14,7 +16,7 @@ import typer
 
 from scheduler import bench
 from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
-from scheduler.cli.common import DbOption, configure_logging, set_root_db
+from scheduler.cli.common import DbOption, SchemaOption, configure_logging, set_root_db
 
 app = typer.Typer(
     name="scheduler",
@@ -28,10 +30,12 @@ app = typer.Typer(
 @app.callback()
 def root(
     db: DbOption = None,
+    schema: SchemaOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs on stderr.")] = False,
 ) -> None:
-    """Global options; ``--db`` here applies to every command (a command's own ``--db`` wins)."""
-    set_root_db(db)
+    """Global options; ``--db`` and ``--schema`` here apply to every command (a command's own
+    ``--db``/``--schema`` wins)."""
+    set_root_db(db, schema)
     configure_logging(verbose)
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from scheduler.cli import pg_target
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.catalog import list_user_tables, read_pragma_int
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
@@ -45,8 +46,17 @@ DbOption = Annotated[
     str | None,
     typer.Option(
         "--db",
-        help=f"Database file path or sqlite:/// URL (default: ${DATABASE_ENV}, "
+        help=f"Database file path, sqlite:/// URL or postgresql+psycopg:// URL (default: ${DATABASE_ENV}, "
         "else $SCHEDULER_HOME/kernel-v1.sqlite, SCHEDULER_HOME defaulting to ~/.scheduler).",
+        show_default=False,
+    ),
+]
+SchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="PostgreSQL: the schema of the scheduler's tables (default scheduler). With --sql on "
+        "SQLite: the attached database the script addresses (default main).",
         show_default=False,
     ),
 ]
@@ -141,6 +151,9 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
         except CliFailure as failure:
             _report_error(failure.code, failure.message, None, as_json)
             raise typer.Exit(failure.exit_code) from failure
+        except pg_target.PgTargetError as failure:
+            _report_error(failure.code, failure.message, None, as_json)
+            raise typer.Exit(EXIT_USAGE if failure.usage else EXIT_FAILURE) from failure
         except SchedulerKernelError as error:
             log.debug("command failed", exc_info=True)
             _report_error(error.code, error.message, error.details, as_json)
@@ -161,11 +174,24 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
 
 
 _ROOT_DB: ContextVar[str | None] = ContextVar("scheduler_cli_root_db", default=None)
+_ROOT_SCHEMA: ContextVar[str | None] = ContextVar("scheduler_cli_root_schema", default=None)
 
 
-def set_root_db(db: str | None) -> None:
-    """Remember the global ``scheduler --db`` of the current invocation."""
+def set_root_db(db: str | None, schema: str | None = None) -> None:
+    """Remember the global ``scheduler --db`` and ``--schema`` of the current invocation."""
     _ROOT_DB.set(db)
+    _ROOT_SCHEMA.set(schema)
+
+
+def resolve_schema(schema: str | None = None) -> str | None:
+    """The schema to use: the command's own ``--schema``, else the global one (``None``: the default)."""
+    return schema if schema is not None else _ROOT_SCHEMA.get()
+
+
+def _sqlite_schema(schema: str | None) -> None:
+    """Online commands on a SQLite file address its ``main`` database only."""
+    if schema not in (None, "main"):
+        raise _usage("--schema names a PostgreSQL schema (on SQLite it applies only to --sql scripts)")
 
 
 def resolve_target(db: str | None) -> str:
@@ -185,11 +211,20 @@ def database_file(target: str) -> Path:
     if "://" in target:
         url = make_url(target)
         if url.get_backend_name() != "sqlite":
-            raise _usage("only SQLite databases are supported")
+            raise _usage("only SQLite and PostgreSQL (postgresql+psycopg://) databases are supported")
         database = url.database
     if database in (None, "", ":memory:"):
         raise _usage("an in-memory database has nothing to inspect")
     return Path(str(database)).expanduser().resolve()
+
+
+def require_database(db: str | None) -> None:
+    """A write command acts on an existing database: it never creates one (exit 1 otherwise)."""
+    target = resolve_target(db)
+    if pg_target.is_postgresql(target):
+        pg_target.require_existing(target, resolve_schema())
+    else:
+        existing_file(target)
 
 
 def existing_file(target: str) -> Path:
@@ -347,8 +382,22 @@ def require_current_schema(connection: Connection, path: Path) -> None:
 
 @contextmanager
 def read_store(db: str | None) -> Iterator[SchedulerStore]:
-    """A store for read commands: read-only file, current schema, never creates or upgrades."""
-    with readonly_connection(resolve_target(db)) as (path, connection):
+    """A store for read commands: read-only file (PostgreSQL: a read-only snapshot transaction),
+    current schema, never creates or upgrades."""
+    target, schema = resolve_target(db), resolve_schema()
+    if pg_target.is_postgresql(target):
+        with pg_target.readonly_connection(target, schema) as (name, connection, where):
+            problem = pg_target.current_schema_problem(connection, where, name)
+            if problem is not None:
+                raise problem
+            store = SchedulerStore.on_connection(connection, schema=where.schema)
+            try:
+                yield store
+            finally:
+                store.close()
+        return
+    _sqlite_schema(schema)
+    with readonly_connection(target) as (path, connection):
         require_current_schema(connection, path)
         store = SchedulerStore.on_connection(connection)
         try:
@@ -360,7 +409,11 @@ def read_store(db: str | None) -> Iterator[SchedulerStore]:
 @contextmanager
 def write_store(db: str | None) -> Iterator[SchedulerStore]:
     """A store for write commands (``open_store``: creates or upgrades to the current schema)."""
-    with open_store(resolve_target(db)) as store:
+    target, schema = resolve_target(db), resolve_schema()
+    if not pg_target.is_postgresql(target):
+        _sqlite_schema(schema)
+        schema = None
+    with open_store(target, schema=schema) as store:
         yield store
 
 

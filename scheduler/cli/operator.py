@@ -17,12 +17,11 @@ from scheduler.cli.common import (
     console,
     emit_json,
     emit_listing,
-    existing_file,
     fmt_ms,
     new_table,
     not_found,
     read_store,
-    resolve_target,
+    require_database,
     write_store,
 )
 from scheduler.cli.reads import key_option
@@ -160,7 +159,7 @@ def adjudication_decide(
     normalize_sha256_digest(evidence_digest, "expectedEvidenceDigest")
     reason_digest = scheduler_adjudication_reason_digest(reason)
     operator_digest = scheduler_adjudication_operator_digest(operator)
-    existing_file(resolve_target(db))  # a decision needs the database it decides about: never create one
+    require_database(db)  # a decision needs the database it decides about: never create one
     with write_store(db) as store:
         case = store.adjudicate_occurrence(
             occurrence_id=occurrence_id,

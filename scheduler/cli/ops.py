@@ -23,12 +23,11 @@ from scheduler.cli.common import (
     command,
     console,
     emit_json,
-    existing_file,
     fmt_ms,
     new_table,
     not_found,
     read_store,
-    resolve_target,
+    require_database,
     write_store,
 )
 from scheduler.cli.reads import key_option
@@ -59,7 +58,7 @@ def parse_duration_ms(text: str) -> int:
 
 def _require_database(db: str | None) -> None:
     """A write command acts on an existing database: it never creates one (exit 1 otherwise)."""
-    existing_file(resolve_target(db))
+    require_database(db)
 
 
 def _occurrence(store: SchedulerStore, occurrence_id: str) -> Occurrence:

@@ -11,9 +11,10 @@ from sqlalchemy import Connection, create_engine, make_url, select
 from sqlalchemy.pool import NullPool
 
 import scheduler
-from scheduler.cli import queries
+from scheduler.cli import pg_target, queries
 from scheduler.cli.common import (
     EXIT_FAILURE,
+    EXIT_USAGE,
     CliFailure,
     DbOption,
     JsonOption,
@@ -25,10 +26,11 @@ from scheduler.cli.common import (
     fmt_ms,
     new_table,
     readonly_connection,
+    resolve_schema,
     resolve_target,
     stored_journal_mode,
 )
-from scheduler.cli.verification import Verification, verify_database
+from scheduler.cli.verification import Verification, verify_database, verify_postgresql
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import catalog, ddl, offline, tables
 from scheduler.schema.target import SchemaTarget, schema_target
@@ -54,7 +56,13 @@ SharedOption = Annotated[
     bool, typer.Option("--shared", help="With --sql: the SQLite file is shared with an application.")
 ]
 SchemaNameOption = Annotated[
-    str | None, typer.Option("--schema", help="With --sql: the PostgreSQL schema (default scheduler).")
+    str | None,
+    typer.Option(
+        "--schema",
+        help="The global --schema, also accepted here (this one wins): the PostgreSQL schema "
+        "(default scheduler); with --sql on SQLite the attached database the script addresses.",
+        show_default=False,
+    ),
 ]
 
 
@@ -176,10 +184,19 @@ def _upgrade(
     shared: bool = False,
     schema: str | None = None,
 ) -> None:
-    target = resolve_target(db)
+    target, schema = resolve_target(db), resolve_schema(schema)
     if sql:
         _print_sql(target, must_exist=must_exist, shared=shared, schema=schema, as_json=as_json)
         return
+    if pg_target.is_postgresql(target):
+        _upgrade_postgresql(target, schema, must_exist=must_exist, dry_run=dry_run, as_json=as_json)
+        return
+    if schema not in (None, "main"):
+        raise CliFailure(
+            "--schema names a PostgreSQL schema (on SQLite it applies only to --sql scripts)",
+            exit_code=EXIT_USAGE,
+            code="CLI_USAGE",
+        )
     path = existing_file(target) if must_exist else database_file(target)
     from_version = _current_version(path)
     steps = list(UPGRADE_STEPS[from_version:])
@@ -196,6 +213,32 @@ def _upgrade(
             "fromVersion": from_version,
             "toVersion": LATEST_VERSION,
             "steps": [_step_dict(step) for step in steps],
+            "dryRun": dry_run,
+            "fingerprint": fingerprint,
+        },
+        as_json,
+    )
+
+
+def _upgrade_postgresql(
+    target: str, schema: str | None, *, must_exist: bool, dry_run: bool, as_json: bool
+) -> None:
+    """``init``/``upgrade`` of a PostgreSQL schema: the refusal checks read-only, then
+    ``open_store`` (empty → v6 or vN → v6 in one transaction) unless ``dry_run``."""
+    with pg_target.readonly_connection(target, schema) as (name, connection, where):
+        from_version = inspect_database(connection, schema=where.schema)
+    if must_exist and from_version == 0:
+        raise CliFailure(f"no scheduler tables in {name} (run `scheduler init`)", code="SCHEDULER_NOT_FOUND")
+    fingerprint = None
+    if not dry_run:
+        with open_store(target, schema=where.schema) as store:
+            fingerprint = catalog.schema_fingerprint(store.connection, schema=where.schema)
+    _report(
+        {
+            "database": name,
+            "fromVersion": from_version,
+            "toVersion": LATEST_VERSION,
+            "steps": [_step_dict(step) for step in UPGRADE_STEPS[from_version:]],
             "dryRun": dry_run,
             "fingerprint": fingerprint,
         },
@@ -229,7 +272,7 @@ def upgrade_command(
     _upgrade(db, must_exist=True, dry_run=dry_run, sql=sql, as_json=as_json, shared=shared, schema=schema)
 
 
-def _print_verification(path: Path, verification: Verification) -> None:
+def _print_verification(path: Path | str, verification: Verification) -> None:
     out = console()
     out.print(f"{path}: {verification.describe()}", markup=False)
     for finding in verification.findings:
@@ -250,8 +293,14 @@ def _print_verification(path: Path, verification: Verification) -> None:
 @command
 def verify_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Check integrity, catalog, migration history and foreign keys. Read-only; exit 1 on drift."""
-    with readonly_connection(resolve_target(db)) as (path, connection):
-        verification = verify_database(connection)
+    target = resolve_target(db)
+    path: Path | str
+    if pg_target.is_postgresql(target):
+        with pg_target.readonly_connection(target, resolve_schema()) as (path, connection, where):
+            verification = verify_postgresql(connection, where)
+    else:
+        with readonly_connection(target) as (path, connection):
+            verification = verify_database(connection)
     if as_json:
         emit_json({"database": str(path), **verification.to_dict()})
     else:
@@ -301,8 +350,44 @@ def _info(path: Path) -> dict[str, Any]:
         }
 
 
+def _info_postgresql(target: str, schema: str | None) -> dict[str, Any]:
+    """``info`` of a PostgreSQL schema (the keys of :func:`_info`; no files or journal mode, the
+    server's version, and no ``quick_check``: the server keeps its own integrity)."""
+    with pg_target.readonly_connection(target, schema) as (name, connection, where):
+        version = pg_target.recorded_version(connection, where)
+        tables = queries.table_row_counts(connection)
+        fingerprint = catalog.schema_fingerprint(connection, schema=where.schema)
+        return {
+            "integrity": {"ok": True, "checked": False},
+            "database": name,
+            "schema": where.schema,
+            "files": {},
+            "journalMode": None,
+            "versions": {
+                "package": scheduler.__version__,
+                "postgresql": pg_target.server_version(connection),
+                "schema": version,
+                "latestSchema": LATEST_VERSION,
+                "applicationId": None,
+            },
+            "fingerprint": {
+                "actual": fingerprint,
+                "expected": ddl.PG_SCHEMA_FINGERPRINTS.get(version),
+                "matches": fingerprint == ddl.PG_SCHEMA_FINGERPRINTS.get(version),
+            },
+            "migrations": [row.to_dict() for row in queries.migration_rows(connection)]
+            if "migrations" in tables
+            else [],
+            "tables": tables,
+            "occurrences": queries.occurrence_status_counts(connection) if "occurrences" in tables else {},
+        }
+
+
 def _print_integrity(integrity: dict[str, Any]) -> None:
     out = console()
+    if integrity.get("checked") is False:
+        out.print("integrity: kept by the PostgreSQL server (no quick_check)")
+        return
     if integrity["ok"]:
         out.print("integrity: ok (quick_check)")
         return
@@ -317,12 +402,20 @@ def _print_integrity(integrity: dict[str, Any]) -> None:
 def _print_info(info: dict[str, Any]) -> None:
     out = console()
     versions, fingerprint = info["versions"], info["fingerprint"]
-    out.print(f"database: {info['database']} (journal mode {info['journalMode']})")
-    out.print("files: " + ", ".join(f"{name} {size} B" for name, size in info["files"].items()))
-    out.print(
-        f"schema v{versions['schema']} (latest v{versions['latestSchema']}), application id "
-        f"{versions['applicationId']:#x}, package {versions['package']}, SQLite {versions['sqlite']}"
-    )
+    if "postgresql" in versions:
+        out.print(f"database: {info['database']}", markup=False)
+        out.print(
+            f"schema v{versions['schema']} (latest v{versions['latestSchema']}), package "
+            f"{versions['package']}, PostgreSQL {versions['postgresql']}",
+            markup=False,
+        )
+    else:
+        out.print(f"database: {info['database']} (journal mode {info['journalMode']})")
+        out.print("files: " + ", ".join(f"{name} {size} B" for name, size in info["files"].items()))
+        out.print(
+            f"schema v{versions['schema']} (latest v{versions['latestSchema']}), application id "
+            f"{versions['applicationId']:#x}, package {versions['package']}, SQLite {versions['sqlite']}"
+        )
     out.print(f"fingerprint: {fingerprint['actual']} ({'matches' if fingerprint['matches'] else 'DRIFT'})")
     _print_integrity(info["integrity"])
     for migration in info["migrations"]:
@@ -344,7 +437,11 @@ def info_command(db: DbOption = None, as_json: JsonOption = False) -> None:
 
     Exit 1 when the file is damaged (``quick_check`` fails); row counts are then not read.
     """
-    info = _info(existing_file(resolve_target(db)))
+    target = resolve_target(db)
+    if pg_target.is_postgresql(target):
+        info = _info_postgresql(target, resolve_schema())
+    else:
+        info = _info(existing_file(target))
     if as_json:
         emit_json(info)
     else:

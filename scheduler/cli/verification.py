@@ -2,6 +2,9 @@
 
 ``open_store`` stops at the first failed check; an operator wants every finding at once, so
 the same check functions are run one by one and their errors collected. Every check is a read.
+On PostgreSQL the checks are ``pg_catalog.verify_catalog``'s (tables, the ``migrations`` shape,
+history, column shapes, the ``SCHEMA_VN_PG_FINGERPRINT``); the server keeps integrity and foreign
+keys itself, so there is no ``quick_check``/``foreign_key_check`` step.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.contract.errors import SchedulerKernelError
-from scheduler.schema import catalog
-from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION, SCHEMA_FINGERPRINTS
+from scheduler.schema import catalog, pg_catalog
+from scheduler.schema.ddl import PG_SCHEMA_FINGERPRINTS, SCHEDULER_STORE_SCHEMA_VERSION, SCHEMA_FINGERPRINTS
+from scheduler.schema.target import SchemaTarget
 
 Check = Callable[[Connection], object]
 
@@ -38,7 +42,9 @@ class Verification:
     """Everything ``scheduler verify`` reports.
 
     ``version`` is the schema version the checks compared the file with; ``user_version`` is what
-    the file itself says (``None``: SQLite could not read it at all).
+    the file itself says (``None``: SQLite could not read it at all). On PostgreSQL
+    (``backend="postgresql"``) ``user_version`` is the version the ``migrations`` history
+    records (``None``: the history could not be read).
     """
 
     version: int
@@ -48,6 +54,7 @@ class Verification:
     checks: list[str]
     findings: list[Finding]
     empty: bool = False
+    backend: str = "sqlite"
 
     @property
     def ok(self) -> bool:
@@ -61,6 +68,8 @@ class Verification:
     def describe(self) -> str:
         """What the file is, in a few words (the first line of the report)."""
         if self.user_version is None:
+            if self.backend == "postgresql":
+                return "not a readable scheduler schema"
             return "not a readable SQLite database"
         if self.schema_version is not None:
             return f"schema v{self.schema_version}"
@@ -166,4 +175,57 @@ def verify_database(connection: Connection) -> Verification:
         checks=names,
         findings=findings,
         empty=empty,
+    )
+
+
+def _pg_checks(version: int, present: list[str], where: SchemaTarget) -> list[tuple[str, Check]]:
+    # pg_catalog.verify_catalog's steps, in its order.
+    checks: list[tuple[str, Check]] = [
+        ("tables", lambda c: pg_catalog.verify_tables(c, version, where)),
+        ("columns:migrations", lambda c: pg_catalog.verify_shapes(c, ["migrations"], version, where)),
+        ("migration-history", lambda c: pg_catalog.verify_history(c, version, where)),
+    ]
+    for name in catalog.expected_tables(version):
+        if name in present and name != "migrations":
+            checks.append((f"columns:{name}", _pg_shape_check(name, version, where)))
+    checks.append(("fingerprint", lambda c: pg_catalog.verify_fingerprint(c, version, where)))
+    return checks
+
+
+def _pg_shape_check(table: str, version: int, where: SchemaTarget) -> Check:
+    return lambda connection: pg_catalog.verify_shapes(connection, [table], version, where)
+
+
+def verify_postgresql(connection: Connection, where: SchemaTarget) -> Verification:
+    """:func:`verify_database` for a PostgreSQL schema: the version its history records (an
+    unreadable or unknown history is one finding), then every check of that version."""
+    try:
+        recorded: int | None = pg_catalog.recorded_version(connection, where)
+        history_finding = None
+    except SchedulerKernelError as error:
+        recorded = None
+        history_finding = Finding("migration-history", error.code, error.message, error.details)
+    version = _version_to_verify(recorded)
+    present = pg_catalog.list_tables(connection, where)
+    fingerprint = pg_catalog.fingerprint(connection, where)
+    empty = recorded == 0 and not present
+    if empty:
+        checks: list[tuple[str, Check]] = []
+        empty_message = "the schema is empty or absent (run `scheduler init`)"
+        findings = [Finding("tables", catalog.SCHEMA_UNKNOWN, empty_message)]
+    else:
+        checks = _pg_checks(version, present, where)
+        findings = [finding for name, check in checks if (finding := _run(name, check, connection))]
+        if history_finding is not None and all(f.check != "migration-history" for f in findings):
+            findings.append(history_finding)
+    names = [name for name, _ in checks] or ["tables"]
+    return Verification(
+        version=version,
+        user_version=recorded,
+        fingerprint=fingerprint,
+        expected_fingerprint=PG_SCHEMA_FINGERPRINTS.get(version),
+        checks=names,
+        findings=findings,
+        empty=empty,
+        backend="postgresql",
     )

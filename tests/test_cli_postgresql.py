@@ -1,0 +1,116 @@
+"""``scheduler --db postgresql+psycopg://… --schema NAME`` for init, upgrade, verify and info.
+
+The read commands (jobs, occurrences, history, dead letters, adjudication, info) run on both
+backends in ``test_cli``; here is what only a PostgreSQL schema has: created by ``init`` in one
+transaction, upgraded from an older version, verified against ``SCHEMA_VN_PG_FINGERPRINT``, and
+never created by a read command or by ``upgrade``. Each test gets a fresh schema (``pg_schema``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cli_support import invoke, run_json
+from cli_support import isolated_environment as isolated_environment
+from sqlalchemy import Engine, text
+
+from scheduler.schema import SCHEMA_V6_PG_FINGERPRINT
+from scheduler.schema.upgrade import apply_upgrade
+from scheduler.testing import T0
+
+
+@pytest.fixture
+def url(pg_engine: Engine) -> str:
+    return pg_engine.url.render_as_string(hide_password=False)
+
+
+def schema_exists(engine: Engine, schema: str) -> bool:
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT 1 FROM pg_namespace WHERE nspname = :name"), {"name": schema})
+        return found.first() is not None
+
+
+def at(url: str, schema: str, *args: str) -> tuple[str, ...]:
+    """``--db URL --schema NAME`` (global options) before the command's own arguments."""
+    return ("--db", url, "--schema", schema, *args)
+
+
+def test_init_creates_v6_in_the_schema_and_reports_the_pg_fingerprint(url: str, pg_schema: str) -> None:
+    dry = run_json(*at(url, pg_schema, "init", "--dry-run"))
+    assert (dry["fromVersion"], dry["dryRun"], dry["fingerprint"]) == (0, True, None)
+    assert dry["database"].endswith(f"(schema {pg_schema})")
+    created = run_json(*at(url, pg_schema, "init"))
+    assert (created["fromVersion"], created["toVersion"]) == (0, 6)
+    assert [step["version"] for step in created["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert created["fingerprint"] == SCHEMA_V6_PG_FINGERPRINT
+    again = run_json(*at(url, pg_schema, "upgrade"))
+    assert (again["fromVersion"], again["steps"]) == (6, [])
+    assert "v0 -> v6" not in invoke(*at(url, pg_schema, "init")).stdout
+
+
+def test_dry_run_upgrade_and_read_commands_never_create_the_schema(
+    url: str, pg_schema: str, pg_engine: Engine
+) -> None:
+    assert run_json(*at(url, pg_schema, "init", "--dry-run"))["steps"]
+    missing = run_json(*at(url, pg_schema, "upgrade"), exit_code=1)["error"]
+    assert missing["code"] == "SCHEDULER_NOT_FOUND"
+    for command in (["jobs", "list"], ["history"], ["dead-letters"], ["stats"], ["controls", "list"]):
+        error = run_json(*at(url, pg_schema, *command), exit_code=1)["error"]
+        assert error["code"] == "SCHEDULER_SCHEMA_UNKNOWN", command
+    prune = invoke(*at(url, pg_schema, "prune", "--older-than", "30d"))
+    assert prune.exit_code == 1 and "SCHEDULER_NOT_FOUND" in prune.stderr
+    assert not schema_exists(pg_engine, pg_schema)
+
+
+def test_the_old_per_command_schema_spelling_still_works_and_wins(
+    url: str, pg_schema: str, pg_engine: Engine
+) -> None:
+    created = run_json("--schema", "never_this_one", "init", "--db", url, "--schema", pg_schema)
+    assert created["database"].endswith(f"(schema {pg_schema})")
+    assert not schema_exists(pg_engine, "never_this_one")
+    assert run_json(*at(url, pg_schema, "jobs", "list"))["count"] == 0
+
+
+def test_upgrade_takes_a_v3_schema_to_v6(url: str, pg_schema: str, pg_engine: Engine) -> None:
+    with pg_engine.begin() as connection:
+        apply_upgrade(connection, 0, T0, to_version=3, schema=pg_schema)
+    old = run_json(*at(url, pg_schema, "history"), exit_code=1)["error"]
+    assert old["code"] == "SCHEDULER_SCHEMA_UNKNOWN" and "scheduler upgrade" in old["message"]
+    pending = run_json(*at(url, pg_schema, "verify"))
+    assert (pending["ok"], pending["schemaVersion"]) == (True, 3)
+    dry = run_json(*at(url, pg_schema, "upgrade", "--dry-run"))
+    assert [step["version"] for step in dry["steps"]] == [4, 5, 6]
+    done = run_json(*at(url, pg_schema, "upgrade"))
+    assert (done["fromVersion"], done["fingerprint"]) == (3, SCHEMA_V6_PG_FINGERPRINT)
+    assert run_json(*at(url, pg_schema, "info"))["versions"]["schema"] == 6
+
+
+def test_verify_reports_every_check_and_each_drift(url: str, pg_schema: str, pg_engine: Engine) -> None:
+    empty = run_json(*at(url, pg_schema, "verify"), exit_code=1)
+    assert [finding["check"] for finding in empty["findings"]] == ["tables"]
+    run_json(*at(url, pg_schema, "init"))
+    verified: dict[str, Any] = run_json(*at(url, pg_schema, "verify"))
+    assert verified["ok"] is True and verified["schemaVersion"] == 6
+    assert verified["fingerprint"] == verified["expectedFingerprint"] == SCHEMA_V6_PG_FINGERPRINT
+    names = [check["name"] for check in verified["checks"]]
+    assert {"tables", "migration-history", "fingerprint", "columns:occurrences"} <= set(names)
+    assert "verified: ok" in invoke(*at(url, pg_schema, "verify")).stdout
+    with pg_engine.begin() as connection:
+        connection.exec_driver_sql(f'CREATE INDEX extra ON "{pg_schema}".jobs (kind)')
+        connection.exec_driver_sql(f"UPDATE \"{pg_schema}\".migrations SET checksum = 'x' WHERE version = 3")
+    drifted = run_json(*at(url, pg_schema, "verify"), exit_code=1)
+    assert {(f["check"], f["code"]) for f in drifted["findings"]} == {
+        ("fingerprint", "SCHEDULER_SCHEMA_CORRUPT"),
+        ("migration-history", "SCHEDULER_SCHEMA_UNKNOWN"),
+    }
+    text_output = invoke(*at(url, pg_schema, "verify"))
+    assert text_output.exit_code == 1 and "FAIL fingerprint" in text_output.stdout
+    refused = run_json(*at(url, pg_schema, "upgrade"), exit_code=1)["error"]
+    assert refused["code"] in ("SCHEDULER_SCHEMA_CORRUPT", "SCHEDULER_SCHEMA_UNKNOWN")
+
+
+def test_another_driver_is_a_usage_error(pg_schema: str) -> None:
+    result = invoke(*at("postgresql+asyncpg://localhost/x", pg_schema, "jobs", "list"), "--json")
+    assert result.exit_code == 2
+    assert "psycopg" in result.stdout
