@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import copy
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from recorded import T0 as T0
+from store_places import SqliteFilePlace, StorePlace
 
-from scheduler import SchedulerKernelError, open_store
+from scheduler import SchedulerKernelError
 from scheduler.store.facade import SchedulerStore
 
 UUID_PREFIX = "00000000-0000-4000-8000-"
@@ -44,13 +44,20 @@ def uuid_for(k: int) -> str:
 
 
 class Harness:
-    """A store on a real SQLite file with a settable clock and a counting UUID source."""
+    """A store in a ``place`` (a SQLite file or a PostgreSQL schema, ``store_places.py``) with a
+    settable clock and a counting UUID source."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, place: Path | StorePlace) -> None:
+        self.place = SqliteFilePlace(place) if isinstance(place, Path) else place
         self.now = T0
         self.issued: list[str] = []
         self.store = self.open()
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file (tests that read the file itself are SQLite-only)."""
+        assert isinstance(self.place, SqliteFilePlace), "a SQLite-only test"
+        return self.place.path
 
     def _uuid(self) -> str:
         value = uuid_for(len(self.issued) + 1)
@@ -58,7 +65,7 @@ class Harness:
         return value
 
     def open(self) -> SchedulerStore:
-        return open_store(self.path, clock=lambda: self.now, uuid_factory=self._uuid)
+        return self.place.open(clock=lambda: self.now, uuid_factory=self._uuid)
 
     def reopen(self) -> SchedulerStore:
         self.store.close()
@@ -70,27 +77,23 @@ class Harness:
         return self.now
 
     def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        """Read the file directly (a second connection), bypassing the store."""
-        with sqlite3.connect(self.path) as conn:
-            return list(conn.execute(sql, params).fetchall())
+        """Read the database directly (a second connection), bypassing the store."""
+        return self.place.sql(sql, params)
 
-    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
-        tables = [
-            name for (name,) in self.rows("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-        ]
-        return {name: self.rows(f'SELECT * FROM "{name}" ORDER BY rowid') for name in tables}
+    def snapshot(self) -> dict[str, Any]:
+        """Every table's rows (``place.dump()``), to compare before and after a refused call."""
+        return self.place.dump()
 
     def execute(self, sql: str, *params: Any) -> None:
-        """Write the file directly (simulates damage or a foreign writer); the store is closed first."""
+        """Write the database directly (simulates damage or a foreign writer); the store is closed first."""
         self.store.close()
-        with sqlite3.connect(self.path) as conn:
-            conn.execute(sql, params)
+        self.place.sql(sql, params)
         self.store = self.open()
 
 
-def harness_in(tmp_path: Path) -> Iterator[Harness]:
+def harness_in(place: Path | StorePlace) -> Iterator[Harness]:
     """Body of each test module's ``h`` fixture."""
-    h = Harness(tmp_path / "kernel.sqlite")
+    h = Harness(place / "kernel.sqlite" if isinstance(place, Path) else place)
     try:
         yield h
     finally:

@@ -1,4 +1,7 @@
-"""The journal lifecycle on real SQLite files: prepare → apply → verify → retire → confirm, reads."""
+"""The journal lifecycle: prepare → apply → verify → retire → confirm, reads.
+
+Every test runs on both backends (``place``) except those on the recorded reference ``.sqlite``
+files (SQLite only)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from migration_fixtures import (
     uuid_for,
 )
 from recorded import UPGRADE_NOW, VECTORS, copy_reference
+from store_places import StorePlace
 
 from scheduler import open_store
 from scheduler.contract.digests import scheduler_migration_source_digest
@@ -35,8 +39,8 @@ TARGET_CHANGED = "SCHEDULER_MIGRATION_TARGET_CHANGED"
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    yield from harness_in(tmp_path)
+def h(place: StorePlace) -> Iterator[Harness]:
+    yield from harness_in(place)
 
 
 def routine_entry(**overrides: Any) -> dict[str, Any]:
@@ -383,8 +387,8 @@ def test_prepare_spanning_two_active_migrations_is_refused(h: Harness) -> None:
     assert error.details is None
 
 
-def test_reusing_an_attempt_uuid_is_a_conflict_not_a_crash(tmp_path: Path) -> None:
-    with open_store(tmp_path / "k.sqlite", clock=lambda: T0, uuid_factory=lambda: "fixed") as store:
+def test_reusing_an_attempt_uuid_is_a_conflict_not_a_crash(place: StorePlace) -> None:
+    with place.open(clock=lambda: T0, uuid_factory=lambda: "fixed") as store:
         first = store.prepare_domain_migration(plan())
         store.begin_domain_migration_rollback(first.id)
         store.confirm_domain_migration_entry_source_restored(

@@ -1,11 +1,12 @@
-"""Plan normalization: entry identities, the plan manifest and digest, the recorded vectors."""
+"""Plan normalization: entry identities, the plan manifest and digest, the recorded vectors.
+
+Tests with a store run on both backends (``place``)."""
 
 from __future__ import annotations
 
 import copy
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ from migration_fixtures import (
 )
 from recorded import VECTORS, document
 from recorded import decode as decode_tags
+from store_places import StorePlace
 
-from scheduler import SchedulerKernelError, open_store
+from scheduler import SchedulerKernelError
 from scheduler.contract.canonical import canonical_json, sha256_payload_digest
 from scheduler.store.migrations.plan import (
     MAX_PLAN_ENTRIES,
@@ -47,8 +49,8 @@ ENTRY_OUTPUT_KEYS = (
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    yield from harness_in(tmp_path)
+def h(place: StorePlace) -> Iterator[Harness]:
+    yield from harness_in(place)
 
 
 def decode(value: Any) -> Any:
@@ -61,11 +63,11 @@ def _case_id(case: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("case", PLAN_VECTORS, ids=[_case_id(case) for case in PLAN_VECTORS])
-def test_recorded_plan_vector(case: dict[str, Any], tmp_path: Path) -> None:
+def test_recorded_plan_vector(case: dict[str, Any], place: StorePlace) -> None:
     plan_input = decode(case["input"])
     output = case.get("output")
     attempt_id = output["withAttemptId"]["attemptId"] if output else uuid_for(1)
-    with open_store(tmp_path / "kernel.sqlite", clock=lambda: T0, uuid_factory=lambda: attempt_id) as store:
+    with place.open(clock=lambda: T0, uuid_factory=lambda: attempt_id) as store:
         if output is None:
             error = raises(case["error_code"], lambda: store.prepare_domain_migration(plan_input))
             assert error.message == case["error_message"]

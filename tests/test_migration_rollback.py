@@ -1,10 +1,11 @@
-"""Rollback from every state, both strategies, created/updated/reused targets, every fail-closed rule."""
+"""Rollback from every state, both strategies, created/updated/reused targets, every fail-closed rule.
+
+Every test with a store runs on both backends (``place``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from migration_fixtures import (
     target_job,
     uuid_for,
 )
+from store_places import StorePlace
 
 from scheduler.contract.digests import scheduler_migration_source_digest
 from scheduler.contract.jobs import scheduler_job_definition_digest
@@ -32,8 +34,8 @@ EVIDENCE = "SCHEDULER_MIGRATION_EXECUTION_EVIDENCE"
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    yield from harness_in(tmp_path)
+def h(place: StorePlace) -> Iterator[Harness]:
+    yield from harness_in(place)
 
 
 OLD_COWORK = target_job("cowork-cron-migrated-7", "cowork-cron", payload={"old": True})

@@ -1,10 +1,11 @@
-"""Typed source locators (schema v5): shapes per domain, canonical paths, binding, stored validation."""
+"""Typed source locators (schema v5): shapes per domain, canonical paths, binding, stored validation.
+
+Every test with a store runs on both backends (``place``)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from migration_fixtures import (
     raises,
     target_job,
 )
+from store_places import StorePlace
 
 from scheduler.contract.canonical import canonical_json, sha256_payload_digest
 from scheduler.contract.digests import scheduler_migration_scope_digest
@@ -39,8 +41,8 @@ posix_only = pytest.mark.skipif(
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    yield from harness_in(tmp_path)
+def h(place: StorePlace) -> Iterator[Harness]:
+    yield from harness_in(place)
 
 
 def scope(store: str, key: str, value: str) -> str:
