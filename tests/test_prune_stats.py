@@ -1,9 +1,8 @@
-"""``store.prune`` (what may be deleted, in bounded batches) and ``store.stats`` on real SQLite files."""
+"""``store.prune`` (what may be deleted, in bounded batches) and ``store.stats``, on both backends
+(``place``)."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +12,8 @@ from scheduler.contract.digests import scheduler_adjudication_reason_digest
 from scheduler.testing import T0, SchedulerClock
 from tests.lifecycle_support import CAPABILITY_DIGEST, CAPABILITY_JSON
 from tests.migration_fixtures import agenda_entry, plan
-from tests.worker_support import add_job, enqueue, new_store
+from tests.store_places import StorePlace
+from tests.worker_support import add_job, enqueue
 
 HOUR = 3_600_000
 BUDGETED = {"principal": {"type": "service", "id": "budgeted"}, "requestedCapabilities": ["run"]}
@@ -38,19 +38,18 @@ def finished(store: Any, job: str, key: str, **options: Any) -> str:
     return occurrence_id
 
 
-def rows(path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(path) as connection:
-        return connection.execute(sql, params).fetchall()
+def rows(place: StorePlace, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    return place.sql(sql, params)
 
 
-def present(path: Path, occurrence_id: str) -> bool:
-    return bool(rows(path, "SELECT 1 FROM occurrences WHERE occurrence_id = ?", occurrence_id))
+def present(place: StorePlace, occurrence_id: str) -> bool:
+    return bool(rows(place, "SELECT 1 FROM occurrences WHERE occurrence_id = ?", occurrence_id))
 
 
-def test_prune_deletes_only_what_nothing_else_needs(tmp_path: Path) -> None:
-    path = tmp_path / "k.sqlite"
+def test_prune_deletes_only_what_nothing_else_needs(place: StorePlace) -> None:
+
     clock = SchedulerClock()
-    store = new_store(path, clock=clock)
+    store = place.open(clock=clock)
     add_job(store, "plain", max_attempts=1)
     add_job(store, "ticker", trigger={"type": "interval", "everyMs": 1000, "anchor": T0})
     store.create_job(id="budgeted", kind="budgeted", authority=BUDGETED, max_attempts=1)
@@ -87,37 +86,37 @@ def test_prune_deletes_only_what_nothing_else_needs(tmp_path: Path) -> None:
     migrated = finished(store, "agenda-migrated-42", "migrated")
     clock.set(T0 + 90 * 60_000)
     recent = finished(store, "plain", "recent")
-    with sqlite3.connect(path) as connection:  # rows the lifecycle leaves on terminal rows only in odd cases
-        connection.execute(
-            "INSERT INTO scheduler_occurrence_retries VALUES (?, 'r1', 1, 'execution_failed', ?, NULL)",
-            (requeued, T0),
-        )
-        connection.execute(
-            "INSERT INTO scheduler_occurrence_controls VALUES"
-            " (?, ?, ?, 'pause_requested', 1, 'p1', NULL, 1, NULL, ?, NULL, NULL, NULL, ?)",
-            (paused, CAPABILITY_JSON, CAPABILITY_DIGEST, T0, T0),
-        )
+    # rows the lifecycle leaves on terminal rows only in odd cases
+    place.sql(
+        "INSERT INTO scheduler_occurrence_retries VALUES (?, 'r1', 1, 'execution_failed', ?, NULL)",
+        (requeued, T0),
+    )
+    place.sql(
+        "INSERT INTO scheduler_occurrence_controls VALUES"
+        " (?, ?, ?, 'pause_requested', 1, 'p1', NULL, 1, NULL, ?, NULL, NULL, NULL, ?)",
+        (paused, CAPABILITY_JSON, CAPABILITY_DIGEST, T0, T0),
+    )
     clock.set(T0 + 2 * HOUR)
 
     preview = store.prune(older_than_ms=HOUR, dry_run=True)
-    assert all(present(path, identifier) for identifier in (old, decided, *ticks))
+    assert all(present(place, identifier) for identifier in (old, decided, *ticks))
     result = store.prune(older_than_ms=HOUR, batch_size=2)
     assert (preview.occurrences, preview.events) == (result.occurrences, result.events)
     assert result.dry_run is False and result.cutoff == T0 + HOUR and result.batches > 1
     pruned = {old, decided, ticks[0], ticks[1]}
     kept = {unknown, ticks[2], reserved, paused, requeued, migrated, recent}
     assert result.occurrences == len(pruned) and result.adjudications == 1
-    assert not any(present(path, identifier) for identifier in pruned)
-    assert all(present(path, identifier) for identifier in kept)
-    assert rows(path, "SELECT count(*) FROM events WHERE occurrence_id = ?", old) == [(0,)]
-    assert rows(path, "SELECT count(*) FROM events WHERE job_id = 'plain' AND occurrence_id IS NULL") == [
+    assert not any(present(place, identifier) for identifier in pruned)
+    assert all(present(place, identifier) for identifier in kept)
+    assert rows(place, "SELECT count(*) FROM events WHERE occurrence_id = ?", old) == [(0,)]
+    assert rows(place, "SELECT count(*) FROM events WHERE job_id = 'plain' AND occurrence_id IS NULL") == [
         (1,)
     ]
 
     clock.set(T0 + 5 * HOUR)  # the budget window [T0, T0 + 4 h) has closed
     later = store.prune(older_than_ms=HOUR)
     assert later.occurrences == 2 and later.reservations == 1  # the reserved one and `recent`
-    assert not present(path, reserved) and present(path, unknown)
+    assert not present(place, reserved) and present(place, unknown)
 
     again = store.enqueue_occurrence(job_id="plain", scheduled_for=0, trigger_key="old")
     assert again.id == old and again.deduplicated is False  # a pruned idempotency key can be enqueued again
@@ -135,17 +134,17 @@ def test_prune_deletes_only_what_nothing_else_needs(tmp_path: Path) -> None:
         {"older_than_ms": 1, "max_batches": 0},
     ],
 )
-def test_prune_rejects_invalid_arguments(tmp_path: Path, options: dict[str, Any]) -> None:
-    store = new_store(tmp_path / "k.sqlite")
+def test_prune_rejects_invalid_arguments(place: StorePlace, options: dict[str, Any]) -> None:
+    store = place.open()
     with pytest.raises(SchedulerKernelError) as raised:
         store.prune(**options)
     assert raised.value.code == "SCHEDULER_INVALID_ARGUMENT"
     store.close()
 
 
-def test_stats_report_depth_age_leases_dead_letters_and_adjudications(tmp_path: Path) -> None:
+def test_stats_report_depth_age_leases_dead_letters_and_adjudications(place: StorePlace) -> None:
     clock = SchedulerClock()
-    store = new_store(tmp_path / "k.sqlite", clock=clock)
+    store = place.open(clock=clock)
     add_job(store, "mail", kind="email", max_attempts=1)
     add_job(store, "report", max_attempts=1)
     add_job(store, "off", enabled=True)
