@@ -10,6 +10,7 @@ from governance_support import (
     ALICE,
     OUTCOME_UNKNOWN,
     Env,
+    claim,
     create_job,
     digest,
     env_at,
@@ -21,6 +22,7 @@ from governance_support import (
     settle_failed,
     settle_succeeded,
 )
+from recorded import T0
 
 from scheduler import scheduler_adjudication_operator_digest, scheduler_adjudication_reason_digest
 from scheduler.store.adjudication import is_outcome_unknown_error
@@ -496,3 +498,20 @@ def test_the_expired_final_retry_is_swept_and_applies_the_adjudication(env: Env)
         "reason": "lease_expired",
         "adjudicationRequestId": request_id,
     }
+
+
+def test_listed_cases_quote_the_same_evidence_as_single_cases(env: Env) -> None:
+    """The listing hashes stored authority/payload texts once per text; its digests must equal
+    the ones computed from each record (payloads differ, the authority is shared)."""
+    for index, payload in enumerate([{"n": 1}, {"n": 2.5, "é": [None]}, None, {"n": 1}]):
+        env.tick()
+        queued = env.store.enqueue_occurrence(
+            job_id="agenda-gov", scheduled_for=T0, trigger_key=f"p{index}", payload=payload
+        )
+        settle_failed(env, claim(env, queued.id), OUTCOME_UNKNOWN, retryable=False)
+    listed = env.store.list_adjudication_cases(limit=10)
+    assert len(listed) == 4
+    for case in listed:
+        single = env.store.get_adjudication_case(case.occurrence_id)
+        assert single is not None and case.evidence_digest == single.evidence_digest
+    assert len({case.evidence_digest for case in listed}) == 4

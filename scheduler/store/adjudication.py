@@ -7,6 +7,7 @@ next settlement (or expired-final sweep) lives in ``leases.py``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any, Final
@@ -48,7 +49,7 @@ from scheduler.store.records import (
     Occurrence,
     ReservationSummary,
 )
-from scheduler.store.rows import read_stored_json
+from scheduler.store.rows import read_stored_authority, read_stored_json
 from scheduler.store.session import Tx
 
 OUTCOME_UNKNOWN_CODE: Final = re.compile(r"[A-Z0-9_]+_OUTCOME_UNKNOWN")
@@ -103,8 +104,38 @@ def load_adjudication(tx: Tx, occurrence_id: str) -> Adjudication | None:
     return map_adjudication(tx.first(select(a).where(a.c.occurrence_id == occurrence_id)))
 
 
-def adjudication_evidence(occurrence: Occurrence, reservation: AuthorityReservation | None) -> dict[str, Any]:
-    """The document whose digest an operator confirms (seed: adjudicationEvidence)."""
+@functools.lru_cache(maxsize=1024)
+def _stored_authority_digest(text: str) -> str:
+    """The digest of the authority an occurrence record holds for this stored text.
+
+    Occurrences of one job share their authority (and often their payload) texts, so a listing of
+    many cases hashes each distinct text once; the digest is that of the record's value, exactly
+    as if it were computed from the record (``occurrence_rows.occurrence_record``).
+    """
+    authority = read_stored_authority(text, "occurrence authority")
+    return sha256_payload_digest(authority, "adjudication.authority")
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_payload_digest(text: str) -> str:
+    """The digest of the payload an occurrence record holds for this stored text."""
+    return sha256_payload_digest(read_stored_json(text, "occurrence payload"), "adjudication.payload")
+
+
+def adjudication_evidence(
+    occurrence: Occurrence, reservation: AuthorityReservation | None, row: Any = None
+) -> dict[str, Any]:
+    """The document whose digest an operator confirms (seed: adjudicationEvidence).
+
+    ``row``: the occurrence's stored row when at hand, whose JSON texts give the authority and
+    payload digests without re-encoding the parsed values.
+    """
+    if row is None:
+        authority_digest = sha256_payload_digest(occurrence.authority, "adjudication.authority")
+        payload_digest = sha256_payload_digest(occurrence.payload, "adjudication.payload")
+    else:
+        authority_digest = _stored_authority_digest(row.authority_json)
+        payload_digest = _stored_payload_digest(row.payload_json)
     return {
         "schemaVersion": 1,
         "occurrence": {
@@ -118,8 +149,8 @@ def adjudication_evidence(occurrence: Occurrence, reservation: AuthorityReservat
             "attempt": occurrence.attempt,
             "maxAttempts": occurrence.max_attempts,
             "fence": occurrence.fence,
-            "authorityDigest": sha256_payload_digest(occurrence.authority, "adjudication.authority"),
-            "payloadDigest": sha256_payload_digest(occurrence.payload, "adjudication.payload"),
+            "authorityDigest": authority_digest,
+            "payloadDigest": payload_digest,
             "lastError": occurrence.last_error,
             "settledAt": occurrence.settled_at,
         },
@@ -170,9 +201,13 @@ def load_adjudication_case(tx: Tx, occurrence_id: str) -> AdjudicationCase | Non
 
 
 def adjudication_case(
-    occurrence: Occurrence, reservation: AuthorityReservation | None, adjudication: Adjudication | None
+    occurrence: Occurrence,
+    reservation: AuthorityReservation | None,
+    adjudication: Adjudication | None,
+    row: Any = None,
 ) -> AdjudicationCase:
-    """The case of an occurrence given its reservation and adjudication rows."""
+    """The case of an occurrence given its reservation and adjudication rows (``row``: its stored
+    occurrence row, see :func:`adjudication_evidence`)."""
     eligible = (
         occurrence.status == DEAD_LETTER
         and is_outcome_unknown_error(occurrence.last_error)
@@ -180,7 +215,7 @@ def adjudication_case(
     )
     if eligible:
         evidence_digest: str | None = sha256_payload_digest(
-            adjudication_evidence(occurrence, reservation), "adjudication.evidence"
+            adjudication_evidence(occurrence, reservation, row), "adjudication.evidence"
         )
     else:
         evidence_digest = None if adjudication is None else adjudication.evidence_digest
@@ -220,7 +255,8 @@ def _candidate_cases(tx: Tx, rows: Sequence[Any]) -> list[AdjudicationCase]:
         row.occurrence_id: map_authority_reservation(row) for row in tx.all(_RESERVATIONS, {"ids": ids})
     }
     return [
-        adjudication_case(occurrence_record(row), reservations.get(row.occurrence_id), None) for row in rows
+        adjudication_case(occurrence_record(row), reservations.get(row.occurrence_id), None, row)
+        for row in rows
     ]
 
 
