@@ -23,6 +23,7 @@ OUTPUT = ROOT / "docs" / "api.md"
 sys.path.insert(0, str(ROOT))
 
 import scheduler  # noqa: E402
+import scheduler.aio  # noqa: E402
 import scheduler.demo  # noqa: E402
 import scheduler.schema  # noqa: E402
 import scheduler.testing  # noqa: E402
@@ -232,6 +233,32 @@ def _class_member(owner: str, name: str, member: Any) -> list[str]:
     ]
 
 
+def _async_section() -> list[str]:
+    """``scheduler.aio``: the opener, the hand-written members, and the list of coroutine forms."""
+    store = scheduler.aio.AsyncSchedulerStore
+    lines = _functions("Async API (`scheduler.aio`)", "scheduler.aio", ["open_async_store"])
+    lines += _entry("scheduler.aio.AsyncSchedulerStore", "class AsyncSchedulerStore", _doc(store))
+    wrapped: list[str] = []
+    for name, member in vars(store).items():
+        if name.startswith("_") or not (callable(member) or isinstance(member, (property, classmethod))):
+            continue
+        original = getattr(member, "__wrapped__", None)
+        if original is not None and original is getattr(SchedulerStore, name, None):
+            wrapped.append(f"`{name}`")
+            continue
+        function = getattr(member, "__func__", member)
+        lines += _class_member("AsyncSchedulerStore", name, function)
+    lines += [
+        "#### Coroutine forms of the `SchedulerStore` methods",
+        "",
+        "`await store.name(...)` with the arguments, result and errors of `SchedulerStore.name`: "
+        + ", ".join(wrapped)
+        + ".",
+        "",
+    ]
+    return lines
+
+
 def _constants(title: str, module_name: str, names: Iterable[str]) -> list[str]:
     module = sys.modules[module_name]
     lines = [f"## {title}", "", "| name | value |", "|---|---|"]
@@ -265,6 +292,7 @@ def render() -> str:
         _classes("Errors", "scheduler.contract.errors", ["SchedulerKernelError"]),
         _store_section(),
         _record_section(),
+        _async_section(),
         _functions("Schema (`scheduler.schema`)", "scheduler.schema", schema_functions),
         _constants("Schema constants (`scheduler.schema`)", "scheduler.schema", schema_constants),
         _classes("Testing helpers (`scheduler.testing`)", "scheduler.testing", ["SchedulerClock"]),

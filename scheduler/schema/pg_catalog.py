@@ -60,13 +60,14 @@ _KIND_NAMES: Final = {"S": "sequence", "v": "view", "m": "materialized view", "c
 _NAMESPACE: Final = text(
     "SELECT oid, quote_ident(nspname) FROM pg_catalog.pg_namespace WHERE nspname = :schema"
 )
+# The one-byte "char" columns (relkind, contype, …) are read as text: asyncpg returns "char" as bytes.
 _RELATIONS: Final = text(
-    "SELECT c.relname, c.relkind, c.relpersistence, c.relrowsecurity, c.relforcerowsecurity "
+    "SELECT c.relname, c.relkind::text, c.relpersistence::text, c.relrowsecurity, c.relforcerowsecurity "
     "FROM pg_catalog.pg_class c WHERE c.relnamespace = :ns ORDER BY c.relname"
 )
 _COLUMNS: Final = text(
     "SELECT r.relname, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, "
-    "pg_catalog.pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated, co.collname "
+    "pg_catalog.pg_get_expr(d.adbin, d.adrelid), a.attidentity::text, a.attgenerated::text, co.collname "
     "FROM pg_catalog.pg_attribute a "
     "JOIN pg_catalog.pg_class r ON r.oid = a.attrelid "
     "LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
@@ -75,7 +76,7 @@ _COLUMNS: Final = text(
     "AND NOT a.attisdropped ORDER BY r.relname, a.attnum"
 )
 _CONSTRAINTS: Final = text(
-    "SELECT r.relname, con.conname, con.contype, pg_catalog.pg_get_constraintdef(con.oid) "
+    "SELECT r.relname, con.conname, con.contype::text, pg_catalog.pg_get_constraintdef(con.oid) "
     "FROM pg_catalog.pg_constraint con JOIN pg_catalog.pg_class r ON r.oid = con.conrelid "
     "WHERE r.relnamespace = :ns AND con.contype IN ('p', 'u', 'f', 'c') ORDER BY r.relname, con.conname"
 )

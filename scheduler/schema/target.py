@@ -50,6 +50,21 @@ def driver_autocommit(connection: Connection) -> bool:
     return getattr(connection.connection.dbapi_connection, "autocommit", False) is True
 
 
+def sqlite_driver_in_transaction(connection: Connection) -> bool | None:
+    """Whether the driver's SQLite connection is inside a transaction (``None``: cannot tell).
+
+    pysqlite answers itself; SQLAlchemy's aiosqlite adapter does not, its driver connection
+    (``aiosqlite.Connection``, over the same ``sqlite3`` connection) does.
+    """
+    try:
+        dbapi: Any = connection.connection.dbapi_connection
+        if not hasattr(dbapi, "in_transaction"):
+            dbapi = dbapi.driver_connection
+        return bool(dbapi.in_transaction)
+    except Exception:
+        return None
+
+
 def quote_identifier(name: str) -> str:
     """``"name"`` with embedded double quotes doubled (SQLite and PostgreSQL alike)."""
     return '"' + name.replace('"', '""') + '"'

@@ -42,7 +42,14 @@ from scheduler.schema.catalog import (
     verify_catalog,
     verify_schema,
 )
-from scheduler.schema.target import SCHEMA_UNKNOWN, SchemaTarget, driver_autocommit, resolve, schema_error
+from scheduler.schema.target import (
+    SCHEMA_UNKNOWN,
+    SchemaTarget,
+    driver_autocommit,
+    resolve,
+    schema_error,
+    sqlite_driver_in_transaction,
+)
 
 _STATEMENT_END: Final = re.compile(r";[ \t]*(?:\n|$)")
 _CREATED_NAME: Final = re.compile(r"^(CREATE TABLE |CREATE INDEX |CREATE UNIQUE INDEX |ALTER TABLE )(\w+)")
@@ -151,14 +158,13 @@ def _validate_version(value: object, field: str, low: int, high: int) -> int:
 
 def _require_transaction(connection: Connection, target: SchemaTarget) -> None:
     """Refuse to run DDL outside a real transaction (it would not be atomic)."""
-    driver: Any = connection.connection.dbapi_connection
     if target.is_postgresql:
         if connection.in_transaction() and not driver_autocommit(connection):
             return
         raise invalid_argument(
             "Scheduler schema upgrade must run inside an open transaction (not autocommit) on PostgreSQL"
         )
-    if getattr(driver, "in_transaction", True) is False:
+    if sqlite_driver_in_transaction(connection) is False:
         raise invalid_argument(
             "Scheduler schema upgrade must run inside an open write transaction (BEGIN IMMEDIATE)"
         )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -34,6 +34,7 @@ from scheduler.store.dialects.sqlite import (
     open_pragmas,
 )
 from scheduler.store.dialects.sqlite import begin_transaction as begin_sqlite_transaction
+from scheduler.store.dialects.sqlite import driver_in_transaction as sqlite_driver_in_transaction
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.failures import classify_storage_failure
 from scheduler.store.session import SERVER_CLOCK, Clock, OwnedRunner
@@ -82,55 +83,105 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _file_path(raw: str) -> Path:
+def file_path(raw: str) -> Path:
     """The absolute path of a database file; a NUL byte cannot name a file on any platform."""
     if "\x00" in raw:
         raise invalid_argument("a database path must not contain a NUL character")
     return _absolute(Path(raw).expanduser())
 
 
-def _resolve(target: Any) -> tuple[str | None, Path | None, Engine | None]:
-    """(url, file path or None for memory/foreign, engine) for an ``open_store`` target."""
+@dataclass(frozen=True)
+class Resolved:
+    """What an ``open_store`` target names: a URL to open an engine for, or an engine.
+
+    ``owned``: the store made ``engine`` (``scheduler.aio`` over an async engine it created), so
+    it configures its connections like its own and disposes of it on close.
+    """
+
+    url: str | None
+    path: Path | None
+    engine: Engine | None
+    owned: bool = False
+
+
+def engine_file(engine: Engine) -> Path | None:
+    """The absolute path of a SQLite engine's database file (``None``: memory or PostgreSQL)."""
+    database = engine.url.database
+    is_file = engine.dialect.name == "sqlite" and database not in (None, "", MEMORY)
+    return _absolute(Path(database)) if is_file and database else None
+
+
+ASYNC_HINT: Final = "use scheduler.aio.open_async_store for an async driver or AsyncEngine"
+_SYNC_DRIVERS: Final = "open_store drives synchronous drivers (SQLite's pysqlite, PostgreSQL's psycopg 3)"
+
+
+def _refuse_async(target: Any) -> None:
+    """``SCHEDULER_INVALID_ARGUMENT`` for an ``AsyncEngine`` or an async driver's URL or Engine,
+    before anything is created (``open_store`` drives synchronous DBAPI connections only)."""
+    if isinstance(getattr(target, "sync_engine", None), Engine):
+        raise invalid_argument(f"open_store does not take an AsyncEngine: {ASYNC_HINT}")
+    if isinstance(target, Engine) and target.dialect.is_async:
+        raise invalid_argument(f"{_SYNC_DRIVERS}, not the async {target.dialect.driver} driver: {ASYNC_HINT}")
+    if isinstance(target, str) and "://" in target:
+        try:
+            url = make_url(target)
+            is_async = bool(url.get_dialect().is_async)
+        except Exception:  # an unknown or malformed URL is refused by _resolve
+            return
+        if is_async:
+            raise invalid_argument(f"{_SYNC_DRIVERS}, not the async {url.drivername}: {ASYNC_HINT}")
+
+
+def _resolve(target: Any) -> Resolved:
+    """What an ``open_store`` target names (file path or ``None`` for memory/foreign)."""
+    _refuse_async(target)
     if isinstance(target, Engine):
         opening_postgresql.check_engine(target)
-        database = target.url.database
-        is_file = target.dialect.name == "sqlite" and database not in (None, "", MEMORY)
-        return None, _absolute(Path(database)) if is_file and database else None, target
+        return Resolved(None, engine_file(target), target)
     if target is None:
         target = default_database_path()
     if isinstance(target, str) and target == MEMORY:
-        return "sqlite+pysqlite://", None, None
+        return Resolved("sqlite+pysqlite://", None, None)
     if isinstance(target, str) and "://" in target:
         try:
             url = make_url(target)
         except ArgumentError as cause:
             raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
         if url.get_backend_name() in opening_postgresql.BACKEND_NAMES:
-            return opening_postgresql.psycopg_url(url).render_as_string(hide_password=False), None, None
+            psycopg = opening_postgresql.psycopg_url(url)
+            return Resolved(psycopg.render_as_string(hide_password=False), None, None)
         if url.get_backend_name() != "sqlite":
             raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
         if url.database in (None, "", MEMORY):
-            return target, None, None
-        return target, _file_path(url.database), None
+            return Resolved(target, None, None)
+        return Resolved(target, file_path(url.database), None)
     if isinstance(target, (str, os.PathLike)):
         raw = os.fspath(target)
-        path = _file_path(raw if isinstance(raw, str) else os.fsdecode(raw))
-        return f"sqlite+pysqlite:///{path}", path, None
+        path = file_path(raw if isinstance(raw, str) else os.fsdecode(raw))
+        return Resolved(f"sqlite+pysqlite:///{path}", path, None)
     raise invalid_argument("target must be a path, ':memory:', an SQLAlchemy URL, an Engine or None")
 
 
-def _own_engine(url: str, path: Path | None, timeout_ms: int) -> Engine:
-    engine = create_engine(
-        url,
-        poolclass=NullPool if path is not None else StaticPool,
-        connect_args={"timeout": timeout_ms / 1000, "check_same_thread": False},
-    )
+def own_engine_options(path: Path | None, timeout_ms: int) -> dict[str, Any]:
+    """``create_engine`` arguments of a store's own SQLite engine (also ``scheduler.aio``'s)."""
+    return {
+        "poolclass": NullPool if path is not None else StaticPool,
+        "connect_args": {"timeout": timeout_ms / 1000, "check_same_thread": False},
+    }
+
+
+def driver_begins_nothing(engine: Engine) -> None:
+    """Turn the driver's implicit BEGIN off on each new connection of a store's own engine: the
+    store emits ``BEGIN IMMEDIATE`` / ``BEGIN`` itself."""
 
     @event.listens_for(engine, "connect")
     def _autocommit_driver(dbapi_connection: Any, _record: Any) -> None:
-        # The store emits BEGIN IMMEDIATE / BEGIN itself (pysqlite's implicit BEGIN is off).
         dbapi_connection.isolation_level = None
 
+
+def _own_engine(url: str, path: Path | None, timeout_ms: int) -> Engine:
+    engine = create_engine(url, **own_engine_options(path, timeout_ms))
+    driver_begins_nothing(engine)
     return engine
 
 
@@ -293,7 +344,7 @@ def _end_transaction(conn: Connection) -> None:
     if conn.in_transaction():
         conn.rollback()
     dbapi_connection: Any = conn.connection.dbapi_connection
-    if dbapi_connection is not None and dbapi_connection.in_transaction:
+    if dbapi_connection is not None and sqlite_driver_in_transaction(conn):
         dbapi_connection.rollback()
 
 
@@ -390,38 +441,65 @@ def open_store(
     setting of the application's (no ``journal_mode``, ``application_id``, ``user_version``,
     ``trusted_schema``, file mode), and refuses an application connection whose
     ``foreign_keys`` is off (``SCHEDULER_INVALID_ARGUMENT``). Refused databases are left
-    byte-for-byte untouched, their mode included.
+    byte-for-byte untouched, their mode included. An ``AsyncEngine`` or an async driver's URL
+    (``sqlite+aiosqlite://``, ``postgresql+asyncpg://``, …) is ``SCHEDULER_INVALID_ARGUMENT``
+    naming :func:`scheduler.aio.open_async_store`, and creates nothing.
     """
-    valid_clock, timeout_ms, valid_uuid = _validate_options(clock, busy_timeout_ms, uuid_factory)
-    if not isinstance(exclusive, bool):
-        raise invalid_argument("exclusive must be a boolean")
-    url, path, given_engine = _resolve(target)
-    backend = given_engine.dialect.name if given_engine else make_url(str(url)).get_backend_name()
+    options = OpenOptions.validate(clock, busy_timeout_ms, uuid_factory, exclusive)
+    return open_resolved(_resolve(target), options, schema)
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """``open_store``'s validated options (``clock`` as given: ``None`` picks per backend)."""
+
+    clock: Any
+    valid_clock: Clock
+    timeout_ms: int
+    uuid_factory: Callable[[], str]
+    exclusive: bool
+
+    @classmethod
+    def validate(cls, clock: Any, busy_timeout_ms: Any, uuid_factory: Any, exclusive: Any) -> OpenOptions:
+        """``SCHEDULER_INVALID_ARGUMENT`` for a bad option, before anything is opened."""
+        valid_clock, timeout_ms, valid_uuid = _validate_options(clock, busy_timeout_ms, uuid_factory)
+        if not isinstance(exclusive, bool):
+            raise invalid_argument("exclusive must be a boolean")
+        return cls(clock, valid_clock, timeout_ms, valid_uuid, exclusive)
+
+
+def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> SchedulerStore:
+    """``open_store`` on a resolved target (``scheduler.aio`` calls it inside a greenlet)."""
+    given_engine = place.engine
+    application_engine = given_engine if not place.owned else None
+    backend = given_engine.dialect.name if given_engine else make_url(str(place.url)).get_backend_name()
     if backend == "postgresql":
-        if not exclusive:
+        if not options.exclusive:
             raise invalid_argument(
                 "exclusive=False applies to SQLite only: a PostgreSQL schema is the scheduler's"
             )
         return _open_postgresql(
-            url,
-            given_engine,
-            valid_clock if clock is not None else SERVER_CLOCK,
-            timeout_ms,
-            valid_uuid,
+            place,
+            options.valid_clock if options.clock is not None else SERVER_CLOCK,
+            options.timeout_ms,
+            options.uuid_factory,
             schema,
         )
+    valid_clock, timeout_ms, valid_uuid = options.valid_clock, options.timeout_ms, options.uuid_factory
+    exclusive, path = options.exclusive, place.path
     now = normalize_epoch_ms(valid_clock(), "clock result")
     secure_files = owns_file(schema, exclusive)
     progress = _OpenProgress()
+    engine: Engine | None = given_engine
     try:
         if path is not None:
             files.ensure_private_directory(path.parent)
             files.check_existing_files(path)  # modes change only once the file is accepted
             files.check_writable(path)
             files.create_private_file(path)
-        engine = given_engine or _own_engine(str(url), path, timeout_ms)
+        engine = given_engine or _own_engine(str(place.url), path, timeout_ms)
         conn, schema_place = _connect(
-            engine, path, timeout_ms, now, progress, schema, exclusive, given_engine is not None
+            engine, path, timeout_ms, now, progress, schema, exclusive, application_engine is not None
         )
         if path is not None and secure_files:
             try:
@@ -430,16 +508,18 @@ def open_store(
                 _release(conn, checkpoint=False)
                 raise
     except BaseException as cause:
+        if engine is not None and application_engine is None:
+            _dispose(engine)
         failure = _open_failure(cause, progress)
         if failure is cause:
             raise
         raise failure from (cause.__cause__ if isinstance(cause, SchedulerKernelError) else cause)
+    store_engine = engine
 
     def close() -> None:
         _release(conn, checkpoint=True)
-        if given_engine is None:
-            with suppress(Exception):
-                engine.dispose()
+        if application_engine is None:
+            _dispose(store_engine)
 
     runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place)
     if path is not None:
@@ -447,21 +527,26 @@ def open_store(
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)
 
 
+def _dispose(engine: Engine) -> None:
+    with suppress(Exception):
+        engine.dispose()
+
+
 def _open_postgresql(
-    url: str | None,
-    given_engine: Engine | None,
+    place: Resolved,
     clock: Clock,
     timeout_ms: int,
     uuid_factory: Callable[[], str],
     schema: str | None,
 ) -> SchedulerStore:
     """``open_store`` on PostgreSQL (``opening_postgresql``); ``clock`` may be ``SERVER_CLOCK``."""
-    engine = given_engine or opening_postgresql.own_engine(str(url))
+    owns_engine = place.engine is None or place.owned
+    engine = place.engine or opening_postgresql.own_engine(str(place.url))
     try:
-        conn, place = opening_postgresql.connect(engine, timeout_ms, clock, schema)
+        conn, schema_place = opening_postgresql.connect(engine, timeout_ms, clock, schema)
     except BaseException as cause:
-        if given_engine is None:
-            engine.dispose()
+        if owns_engine:
+            _dispose(engine)
         failure = _open_failure(cause, _OpenProgress())
         if failure is cause:
             raise
@@ -469,11 +554,10 @@ def _open_postgresql(
 
     def close() -> None:
         opening_postgresql.release(conn)
-        if given_engine is None:
-            with suppress(Exception):
-                engine.dispose()
+        if owns_engine:
+            _dispose(engine)
 
-    runner = OwnedRunner(conn, clock, uuid_factory, target=place)
+    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place)
     runner.session_setup = opening_postgresql.session_setup(timeout_ms)
     runner._prepared_driver = conn.connection.dbapi_connection  # prepared by connect()
     return SchedulerStore(runner, clock=clock, uuid_factory=uuid_factory, on_close=close)

@@ -138,11 +138,17 @@ class Tx:
         return self.execute(statement, parameters).scalar()
 
     def changes(self, statement: Executable | Prepared, parameters: Any = None) -> int:
-        """Run a DML statement (``executemany`` for a list of dicts); how many rows it changed."""
+        """Run a DML statement (``executemany`` for a list of dicts); how many rows it changed.
+
+        A driver that cannot count an ``executemany`` (asyncpg) runs the parameter sets one by
+        one, so the count stays exact (the compare-and-set checks rely on it).
+        """
         if isinstance(statement, Prepared):
             done = self._run(statement, parameters)
             if done is not None:
                 return done[1]
+        if isinstance(parameters, list) and not self.conn.dialect.supports_sane_multi_rowcount:
+            return sum(int(self.execute(statement, one).rowcount) for one in parameters)
         return int(self.execute(statement, parameters).rowcount)
 
     def new_uuid(self) -> str:
@@ -552,7 +558,7 @@ class NestedRunner(_Base):
                 raise
             raise classified from error
         finally:
-            if driver is not None and driver.in_transaction:
+            if driver is not None and self.dialect.driver_in_transaction(self.conn):
                 with suppress(Exception):
                     driver.rollback()
             if not had_transaction and self.conn.in_transaction():

@@ -1,4 +1,4 @@
-"""Everything PostgreSQL-specific in the store (psycopg 3): renderings of the neutral constructs.
+"""Everything PostgreSQL-specific in the store (psycopg 3; asyncpg under ``scheduler.aio``).
 
 (The schema layer keeps its own PostgreSQL specifics: ``pg_ddl``, ``pg_catalog``.)
 """
@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import Connection, String
+from sqlalchemy import Connection, String, text
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -62,10 +62,22 @@ _IDLE: Final = 0
 _UNKNOWN: Final = 4
 
 
+_IN_TRANSACTION: Final = 2
+
+
 def _transaction_status(conn: Connection) -> int | None:
+    """libpq's transaction status of the driver connection (psycopg, sync or async); asyncpg's
+    connection (under SQLAlchemy's adapter) tells only idle, in a transaction, or closed."""
     dbapi: Any = conn.connection.dbapi_connection
     try:
         return int(dbapi.info.transaction_status)
+    except Exception:
+        pass
+    try:
+        driver: Any = dbapi.driver_connection
+        if driver.is_closed():
+            return _UNKNOWN
+        return _IN_TRANSACTION if driver.is_in_transaction() else _IDLE
     except Exception:
         return None
 
@@ -101,10 +113,12 @@ def server_now(conn: Connection) -> int:
     return int(conn.exec_driver_sql(SERVER_NOW_SQL).scalar_one())
 
 
-_KEY_LOCKS_SQL: Final = (
-    "SELECT pg_advisory_xact_lock(%(space)s, hashtext(k)) "
-    "FROM unnest(CAST(%(keys)s AS text[])) WITH ORDINALITY AS keys(k, n) ORDER BY n"
+_KEY_LOCKS_SQL: Final = text(
+    "SELECT pg_advisory_xact_lock(:space, hashtext(k)) "
+    "FROM unnest(CAST(:keys AS text[])) WITH ORDINALITY AS keys(k, n) ORDER BY n"
 )
+"""(Core ``text``: each driver gets its own parameter style, psycopg's ``%(name)s`` or asyncpg's
+``$n``.)"""
 
 
 def key_space(schema: str, scope: str) -> int:
@@ -120,7 +134,7 @@ def key_locks(target: SchemaTarget) -> Callable[[Connection, str, list[str]], No
 
     def lock(conn: Connection, scope: str, keys: list[str]) -> None:
         if keys:
-            conn.exec_driver_sql(_KEY_LOCKS_SQL, {"space": key_space(schema, scope), "keys": keys}).all()
+            conn.execute(_KEY_LOCKS_SQL, {"space": key_space(schema, scope), "keys": keys}).all()
 
     return lock
 
@@ -156,22 +170,27 @@ FAILURE_SQLSTATES: Final = frozenset(
 I/O error, corruption): reported as storage unavailable, not retryable."""
 
 
-def _is_psycopg(error: BaseException) -> bool:
-    return type(error).__module__.split(".")[0] == "psycopg"
+_DRIVER_MODULES: Final = frozenset({"psycopg", "asyncpg"})
+
+
+def _is_driver_error(error: BaseException) -> bool:
+    """An error of psycopg (sync or async) or asyncpg; SQLAlchemy's asyncpg adapter raises its own
+    classes chained to asyncpg's, which carry the SQLSTATE."""
+    return type(error).__module__.split(".")[0] in _DRIVER_MODULES
 
 
 def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
     """(``storageCode``, whether the cause is contention or a lost connection) for the first
     PostgreSQL failure in a cause chain, or ``None``.
 
-    psycopg errors carry the server's SQLSTATE; an ``OperationalError`` (or a closed-connection
+    psycopg and asyncpg errors carry the server's SQLSTATE; an ``OperationalError`` (or a closed-connection
     ``InterfaceError``) without one is a lost connection, as is an error SQLAlchemy reports as
     having invalidated the connection.
     """
     for error in errors:
         if getattr(error, "connection_invalidated", False) is True:
             return _lost(errors)
-        if not _is_psycopg(error):
+        if not _is_driver_error(error):
             continue
         sqlstate = getattr(error, "sqlstate", None)
         if isinstance(sqlstate, str) and sqlstate:
@@ -188,7 +207,7 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
 def _lost(errors: list[BaseException]) -> tuple[str, bool]:
     """A connection SQLAlchemy invalidated: the server's SQLSTATE if it sent one (57P01 …)."""
     for error in errors:
-        sqlstate = getattr(error, "sqlstate", None) if _is_psycopg(error) else None
+        sqlstate = getattr(error, "sqlstate", None) if _is_driver_error(error) else None
         if isinstance(sqlstate, str) and sqlstate:
             return sqlstate, True
     return CONNECTION_LOST, True

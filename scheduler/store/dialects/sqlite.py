@@ -13,7 +13,7 @@ from sqlalchemy import Connection, String
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from scheduler.schema.target import SchemaTarget
+from scheduler.schema.target import SchemaTarget, sqlite_driver_in_transaction
 from scheduler.store.dialect import glob_match, greatest, json_text_field
 from scheduler.store.fastpath import FastPath
 
@@ -86,11 +86,9 @@ BEGIN_READ = "BEGIN"
 
 
 def driver_in_transaction(conn: Connection) -> bool | None:
-    """Whether the pysqlite connection is inside a transaction (``None``: cannot tell)."""
-    try:
-        return bool(conn.connection.dbapi_connection.in_transaction)  # type: ignore[union-attr]
-    except Exception:
-        return None
+    """Whether the driver's SQLite connection is inside a transaction (``None``: cannot tell;
+    pysqlite or aiosqlite)."""
+    return sqlite_driver_in_transaction(conn)
 
 
 def begin_transaction(conn: Connection, begin: str = BEGIN_WRITE, fast: FastPath | None = None) -> None:

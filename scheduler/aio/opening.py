@@ -1,0 +1,133 @@
+"""``open_async_store``: the async driver's engine, then ``open_store``'s own opening in a greenlet."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from scheduler.aio.calls import run_in_greenlet
+from scheduler.aio.store import AsyncSchedulerStore
+from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
+from scheduler.contract.errors import invalid_argument
+from scheduler.store.dialects import postgresql
+from scheduler.store.opening import (
+    MEMORY,
+    OpenOptions,
+    Resolved,
+    default_database_path,
+    driver_begins_nothing,
+    engine_file,
+    file_path,
+    open_resolved,
+    own_engine_options,
+)
+from scheduler.store.opening_postgresql import BACKEND_NAMES
+
+SQLITE_DRIVERS: Final = {"": "sqlite+aiosqlite", "aiosqlite": "sqlite+aiosqlite"}
+POSTGRESQL_DRIVERS: Final = {
+    "": "postgresql+psycopg",
+    "psycopg": "postgresql+psycopg",
+    "psycopg_async": "postgresql+psycopg_async",
+    "asyncpg": "postgresql+asyncpg",
+}
+"""URL driver names accepted, and the async driver each means (``create_async_engine`` takes
+``postgresql+psycopg`` as psycopg's async connection)."""
+ASYNC_DRIVERS: Final = frozenset({"aiosqlite", "psycopg_async", "asyncpg"})
+"""Drivers of an ``AsyncEngine`` the store runs on (``dialect.driver``)."""
+_DRIVES: Final = "open_async_store drives aiosqlite, asyncpg or async psycopg"
+INSTALL_HINT: Final = 'install the async drivers with pip install "scheduler-kernel[async]"'
+
+
+def _driver_url(url: URL) -> URL:
+    """The URL with its async driver; ``SCHEDULER_INVALID_ARGUMENT`` for another driver or database."""
+    backend, _, driver = url.drivername.partition("+")
+    drivers = (
+        SQLITE_DRIVERS if backend == "sqlite" else POSTGRESQL_DRIVERS if backend in BACKEND_NAMES else None
+    )
+    if drivers is None:
+        raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
+    if driver not in drivers:
+        raise invalid_argument(
+            f"{_DRIVES}, not {driver} (scheduler.open_store drives the synchronous drivers)"
+        )
+    return url.set(drivername=drivers[driver])
+
+
+def _target_url(target: Any) -> URL:
+    if target is None:
+        target = default_database_path()
+    if isinstance(target, str) and target == MEMORY:
+        return make_url("sqlite+aiosqlite://")
+    if isinstance(target, str) and "://" in target:
+        try:
+            return _driver_url(make_url(target))
+        except ArgumentError as cause:
+            raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
+    if isinstance(target, (str, os.PathLike)):
+        raw = os.fspath(target)
+        path = file_path(raw if isinstance(raw, str) else os.fsdecode(raw))
+        return make_url(f"sqlite+aiosqlite:///{path}")
+    raise invalid_argument(
+        "target must be an AsyncEngine, an SQLAlchemy URL, a path, ':memory:' or None"
+        + ("; a synchronous Engine is opened with scheduler.open_store" if isinstance(target, Engine) else "")
+    )
+
+
+def _own_engine(url: URL, timeout_ms: int) -> AsyncEngine:
+    """The store's own engine: as ``open_store``'s for the backend, on the async driver."""
+    try:
+        if url.get_backend_name() == "sqlite":
+            path = None if url.database in (None, "", MEMORY) else Path(str(url.database))
+            engine = create_async_engine(url, **own_engine_options(path, timeout_ms))
+            driver_begins_nothing(engine.sync_engine)
+            return engine
+        return create_async_engine(url, poolclass=NullPool, isolation_level=postgresql.ISOLATION_LEVEL)
+    except ImportError as cause:
+        raise invalid_argument(f"the {url.drivername} driver is not installed: {INSTALL_HINT}") from cause
+
+
+def _resolve(target: Any, timeout_ms: int) -> Resolved:
+    if isinstance(target, AsyncEngine):
+        dialect = target.sync_engine.dialect
+        if dialect.name not in ("sqlite", "postgresql") or dialect.driver not in ASYNC_DRIVERS:
+            raise invalid_argument(f"{_DRIVES}, not {dialect.name}+{dialect.driver}")
+        return Resolved(None, engine_file(target.sync_engine), target.sync_engine)
+    engine = _own_engine(_target_url(target), timeout_ms)
+    return Resolved(None, engine_file(engine.sync_engine), engine.sync_engine, owned=True)
+
+
+async def open_async_store(
+    target: Any = None,
+    *,
+    clock: Any = None,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    uuid_factory: Any = None,
+    schema: str | None = None,
+    exclusive: bool = True,
+) -> AsyncSchedulerStore:
+    """Open (creating or upgrading to schema v6) a scheduler store for asyncio code.
+
+    ``target``: an ``AsyncEngine`` (aiosqlite, asyncpg or async psycopg; the application's, never
+    disposed by the store), an SQLAlchemy URL (``sqlite+aiosqlite:///…``,
+    ``postgresql+asyncpg://…``, ``postgresql+psycopg://…`` = async psycopg; ``sqlite://`` and
+    ``postgresql://`` without a driver mean aiosqlite and async psycopg), a file path or
+    ``":memory:"`` (aiosqlite), or ``None`` for the default path. The options are
+    :func:`scheduler.open_store`'s, with the same meaning and checks; opening does exactly what
+    ``open_store`` does (same files, modes, schema creation or upgrade, verification, refusals
+    and errors). A synchronous ``Engine`` or another driver is ``SCHEDULER_INVALID_ARGUMENT``;
+    a driver that is not installed too (install the extra ``scheduler-kernel[async]``).
+    """
+    options = OpenOptions.validate(clock, busy_timeout_ms, uuid_factory, exclusive)
+    place = _resolve(target, options.timeout_ms)
+    store = await run_in_greenlet(open_resolved, place, options, schema)
+    return AsyncSchedulerStore(store)
+
+
+__all__ = ["open_async_store"]
