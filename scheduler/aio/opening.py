@@ -67,9 +67,12 @@ def _target_url(target: Any) -> URL:
         return make_url("sqlite+aiosqlite://")
     if isinstance(target, str) and "://" in target:
         try:
-            return _driver_url(make_url(target))
+            url = _driver_url(make_url(target))
         except ArgumentError as cause:
             raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", MEMORY):
+            file_path(str(url.database))  # refuses a NUL character, as open_store does
+        return url
     if isinstance(target, (str, os.PathLike)):
         raw = os.fspath(target)
         path = file_path(raw if isinstance(raw, str) else os.fsdecode(raw))
