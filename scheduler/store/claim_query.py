@@ -218,7 +218,7 @@ def _due(arm: str, *where: Any, source: Any = _WITH_CONTROL, status_term: bool =
     """The first ``:arm_limit`` claimable rows of one waiting status matching ``where``."""
     status = [o.c.status == literal_column(f"'{DUE_ARMS[arm]}'")] if status_term else []
     return (
-        select(*_columns(arm, literal_column("1"), null()))
+        select(*_columns(arm, literal_column("TRUE"), null()))
         .select_from(source)
         .where(*status, *where, _ATTEMPTS_ALLOW, _WAITING_CONTROL_OK)
         .order_by(*_claim_order(o))
