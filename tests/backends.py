@@ -108,14 +108,16 @@ class PostgresServer:
 
     def empty_scheduler_tables(self, schema: str) -> None:
         """Delete every row of a scheduler schema but its ``migrations`` history, restarting the
-        ``events`` id sequence: the state of a freshly created v6 schema."""
-        names = ", ".join(
-            f"{self.quote(schema)}.{self.quote(table.name)}"
-            for table in tables.ALL_TABLES
-            if table.name != "migrations"
-        )
+        ``events`` id sequence: the state of a freshly created v6 schema. (``DELETE`` in foreign-key
+        order: on a test's few rows it costs a small fraction of a ``TRUNCATE``.)"""
+        quoted = self.quote(schema)
         with self.engine.begin() as connection:
-            connection.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY")
+            for table in reversed(tables.metadata.sorted_tables):
+                if table.name != "migrations":
+                    connection.exec_driver_sql(f"DELETE FROM {quoted}.{self.quote(table.name)}")
+            connection.exec_driver_sql(
+                "SELECT setval(pg_get_serial_sequence(%s, 'event_id'), 1, false)", (f"{quoted}.events",)
+            )
 
     def empty_schema(self, name: str, *, now: int = T0) -> str:
         """``name`` as a freshly created v6 scheduler schema: created (``open_store`` at ``now``,
