@@ -19,6 +19,7 @@ from scheduler.store.history import HistoryOperations
 from scheduler.store.jobs import JobOperations
 from scheduler.store.leases import LeaseOperations
 from scheduler.store.migrations import DomainMigrationOperations
+from scheduler.store.notify import NotifyOperations
 from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
@@ -55,6 +56,7 @@ class SchedulerStore(
     WorkerReadOperations,
     StatsOperations,
     PruneOperations,
+    NotifyOperations,
 ):
     """A durable job scheduler store over one SQLAlchemy connection.
 

@@ -36,6 +36,7 @@ from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, storage_unavailable
 from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.telemetry import StateChanges, collect, emit_all
+from scheduler.store.wakeups import send_wakeup, wake_channel, wakes_workers
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -342,6 +343,7 @@ class _Base:
             target=self.target,
         )
         child.sink = []
+        child.owned_block = isinstance(self, OwnedRunner) or getattr(self, "owned_block", False)
         return child
 
     def _finish(self) -> None:
@@ -362,6 +364,11 @@ class OwnedRunner(_Base):
     timeout and isolation level), so a store that reconnected runs exactly as before."""
     _prepared_driver: Any = None
     wal: WalCheckpoints | None = None
+
+    @property
+    def wake_channel(self) -> str | None:
+        """Where committed writes that made work claimable notify idle workers (PostgreSQL)."""
+        return wake_channel(self.target.schema) if self.target.is_postgresql else None
 
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._write_and_count(operation))
@@ -406,6 +413,7 @@ class OwnedRunner(_Base):
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
             tx = self._tx(sample_clock, fast)
             result = operation(tx)
+            self._notify_if_woken(wakes_workers(tx.events))
             returned = True
             changes = collect(tx)
             transaction.commit()
@@ -423,6 +431,12 @@ class OwnedRunner(_Base):
             if classified is None:
                 raise
             raise classified from error
+
+    def _notify_if_woken(self, woken: bool) -> None:
+        """One ``NOTIFY`` in this store-owned transaction when it made work claimable (API §9)."""
+        channel = self.wake_channel
+        if woken and channel is not None:
+            send_wakeup(self.conn, channel)
 
     def _rollback(self, transaction: Any) -> bool:
         # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
@@ -452,7 +466,7 @@ class OwnedRunner(_Base):
                 except BaseException:
                     self._rollback(transaction)
                     raise
-                self._commit_block(transaction)
+                self._commit_block(transaction, inner.wakes)
                 emit_all(inner.sink or ())
             finally:
                 inner._finish()
@@ -474,13 +488,19 @@ class OwnedRunner(_Base):
             raise classified from error
         return transaction, self._child()
 
-    def _commit_block(self, transaction: Any) -> None:
+    def _commit_block(self, transaction: Any, woken: bool) -> None:
+        notified = False
         try:
+            self._notify_if_woken(woken)
+            notified = True
             transaction.commit()
         except Exception as error:
-            self._rollback(transaction)
+            closed = self._rollback(transaction)
             classified = classify_storage_failure(
-                error, phase="commit", commit_state="unknown", owns_transaction=False
+                error,
+                phase="commit",
+                commit_state="not_committed" if closed and not notified else "unknown",
+                owns_transaction=False,
             )
             if classified is None:
                 raise
@@ -515,6 +535,14 @@ class NestedRunner(_Base):
         self._enclosing_rolled_back = False
         self.sink: list[StateChanges] | None = None
         """Where a block's state changes wait for the block's end (``None``: log per operation)."""
+        self.owned_block = False
+        """A ``transaction()`` block of a store that owns its transaction (it may ``NOTIFY``)."""
+        self.wakes = False
+        """A block's operations made work claimable (the owning store notifies at COMMIT)."""
+
+    def mark_wakes(self) -> None:
+        """Ask the owning store to wake idle workers when this block commits."""
+        self.wakes = True
 
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._run(operation, sample_clock=True))
@@ -575,6 +603,7 @@ class NestedRunner(_Base):
             result = operation(tx)
             changes = collect(tx)
             savepoint.commit()
+            self.wakes = self.wakes or (self.owned_block and wakes_workers(tx.events))
             if self.sink is None:
                 changes.emit()
             else:
@@ -631,6 +660,7 @@ class NestedRunner(_Base):
                             savepoint.rollback()
                     raise
                 savepoint.commit()
+                self.wakes = self.wakes or inner.wakes
                 if self.sink is None:
                     emit_all(inner.sink or ())
                 else:

@@ -27,13 +27,14 @@ from scheduler.worker.policy import (
 )
 from scheduler.worker.runtime import Worker
 from scheduler.worker.triggers import Tick, TriggerError, iso_ms, parse_trigger
-from scheduler.worker.waker import IdleBackoff, PollingWaker, Waker
+from scheduler.worker.waker import IdleBackoff, ListenWaker, PollingWaker, Waker
 
 __all__ = [
     "MAX_ERROR_MESSAGE_CHARS",
     "RESULT_NOT_JSON",
     "HandlerContext",
     "IdleBackoff",
+    "ListenWaker",
     "MissedTicks",
     "Paused",
     "PeriodicScheduler",

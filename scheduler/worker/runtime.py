@@ -40,7 +40,7 @@ from scheduler.worker.execution import (
 from scheduler.worker.lease_keeper import LEASE_LOST, STORAGE_UNAVAILABLE, STORE_CLOSED, Lease, LeaseKeeper
 from scheduler.worker.periodic import MISSED_POLICIES, MissedTicks, PeriodicScheduler, PeriodicThread
 from scheduler.worker.policy import Paused, PermanentError, RetryPolicy
-from scheduler.worker.waker import IdleBackoff, PollingWaker, Waker
+from scheduler.worker.waker import IdleBackoff, ListenWaker, PollingWaker, Waker
 
 if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("scheduler.worker")
 
 MAX_CONCURRENCY: Final = 1_000
+CLAIM_CONFLICT: Final = "SCHEDULER_CLAIM_CONFLICT"
+_CLAIM_CONFLICT_RETRIES: Final = 3
 _SETTLE_RETRY_MAX_S: Final = 5.0
 
 
@@ -64,6 +66,13 @@ def default_owner_id() -> str:
 
 def _transient(error: SchedulerKernelError) -> bool:
     return error.code == STORAGE_UNAVAILABLE
+
+
+def default_waker(store: Any) -> Waker:
+    """``ListenWaker`` on PostgreSQL (woken by ``NOTIFY``), else ``PollingWaker`` (polling only)."""
+    if isinstance(getattr(store, "wake_channel", None), str):
+        return ListenWaker(store)
+    return PollingWaker()
 
 
 def _normalize_handlers(handlers: Any) -> dict[str, Handler]:
@@ -96,7 +105,9 @@ class Worker:
     * ``periodic`` — fire due periodic triggers of the handled kinds (default ``True``).
     * ``missed_ticks`` — ``"latest"`` (default) or ``"all"``; ``max_catch_up`` bounds ``"all"``.
     * ``pause_check_ms`` — ``ctx.checkpoint()`` asks the store for a pause request at most this often.
-    * ``waker`` — wakes idle lanes early (default: in-process only).
+    * ``waker`` — wakes idle lanes early (default: ``ListenWaker`` on PostgreSQL, woken by the
+      store's ``NOTIFY``; in-process only on SQLite). ``run()`` starts and closes a waker that
+      has ``start``/``close`` methods.
 
     Invalid arguments raise ``SCHEDULER_INVALID_ARGUMENT``.
     """
@@ -147,7 +158,7 @@ class Worker:
             max_catch_up=_positive_int(max_catch_up, "max_catch_up", 100_000),
         )
         self.pause_check_ms = self._non_negative(pause_check_ms, "pause_check_ms")
-        self.waker: Waker = waker or PollingWaker()
+        self.waker: Waker = waker or default_waker(store)
         self._keeper = LeaseKeeper(store, self.lease_ms)
         self._loop = AsyncLoop()
         self._stopping = threading.Event()
@@ -192,6 +203,7 @@ class Worker:
             extra={"owner": self.owner_id},
         )
         self._keeper.start()
+        self._waker_call("start")
         if ticker is not None:
             ticker.start()
         self._lanes = [
@@ -207,9 +219,15 @@ class Worker:
             if ticker is not None:
                 ticker.stop()
             self._shutdown()
+            self._waker_call("close")
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         log.info("worker stopped", extra={"owner": self.owner_id})
+
+    def _waker_call(self, name: str) -> None:
+        method = getattr(self.waker, name, None)
+        if callable(method):
+            method()
 
     def stop(self, *, grace_ms: int | None = None) -> None:
         """Ask :meth:`run` to stop (thread-safe; a second call may shorten the grace period)."""
@@ -292,15 +310,23 @@ class Worker:
                 occurrence = None
 
     def _claim(self) -> Occurrence | None:
-        try:
-            occurrence = self._claim_next()
-        except SchedulerKernelError as error:
-            if error.code == STORE_CLOSED:
-                self.stop(grace_ms=0)
-            elif not _transient(error):
-                log.warning("claim failed: %s: %s", error.code, error.message)
-            return None
-        return occurrence
+        """The next occurrence, or ``None`` (nothing claimable, or a failure already handled).
+
+        ``SCHEDULER_CLAIM_CONFLICT`` (another worker changed the candidate meanwhile) means
+        "try again": retried at once, a few times, then left to the next poll."""
+        for _ in range(_CLAIM_CONFLICT_RETRIES):
+            try:
+                return self._claim_next()
+            except SchedulerKernelError as error:
+                if error.code == CLAIM_CONFLICT:
+                    log.debug("claim conflict, trying again: %s", error.message)
+                    continue
+                if error.code == STORE_CLOSED:
+                    self.stop(grace_ms=0)
+                elif not _transient(error):
+                    log.warning("claim failed: %s: %s", error.code, error.message)
+                return None
+        return None
 
     def _claim_next(self) -> Occurrence | None:
         """One claim over every handled kind (``job_kind`` as a sequence, API §5)."""

@@ -2,16 +2,27 @@
 
 A worker polls with a growing delay while it finds nothing (``IdleBackoff``) and sleeps in
 ``Waker.wait``. ``PollingWaker`` is woken only from inside the process (``stop()``, a periodic
-tick this worker enqueued). A PostgreSQL implementation backed by ``LISTEN/NOTIFY`` can implement
-the same two methods; workers still poll with the capped backoff, so a lost notification only
-delays work, never loses it.
+tick this worker enqueued). ``ListenWaker`` (PostgreSQL) is also woken by the ``NOTIFY`` that
+the store sends from its own transactions when they make work claimable
+(:mod:`scheduler.store.wakeups`). Workers still poll with the capped backoff, so a lost
+notification (or an outbox enqueue, which never notifies) only delays work, never loses it.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
-from typing import Protocol
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from scheduler.contract.errors import invalid_argument
+from scheduler.schema.target import quote_identifier
+
+if TYPE_CHECKING:
+    from scheduler.store.facade import SchedulerStore
+
+log = logging.getLogger("scheduler.worker")
 
 
 class Waker(Protocol):
@@ -63,3 +74,91 @@ class IdleBackoff:
 
     def reset(self) -> None:
         self._next_ms = self.min_ms
+
+
+_LISTEN_POLL_S: Final = 0.5
+"""How long the listener waits for a notification before it checks whether it should stop."""
+_RECONNECT_MAX_S: Final = 30.0
+
+
+class ListenWaker:
+    """A :class:`PollingWaker` also woken by PostgreSQL ``NOTIFY`` on the store's wake channel.
+
+    :meth:`start` opens one connection of its own (from the store's engine, detached from any
+    pool, autocommit) and ``LISTEN``\\ s on ``store.wake_channel`` in a daemon thread; every
+    notification wakes every waiting lane. A broken connection is reopened with a capped backoff
+    (the lanes are woken too, since notifications may have been missed); the lanes' polling
+    covers the gap. :meth:`close` stops the thread and closes the connection (within about
+    0.5 s). ``Worker`` uses one by default on PostgreSQL and starts and closes it in ``run()``.
+    """
+
+    def __init__(self, store: SchedulerStore) -> None:
+        channel = store.wake_channel
+        if channel is None:
+            raise invalid_argument("ListenWaker needs a store on PostgreSQL")
+        self.channel: str = channel
+        self._engine = store.connection.engine
+        self._inner = PollingWaker()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listening = threading.Event()
+        self.notifications = 0
+        """Notifications received so far (for tests and diagnostics)."""
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._inner.wait(timeout_s)
+
+    def notify(self) -> None:
+        self._inner.notify()
+
+    def start(self) -> None:
+        """Start listening (idempotent while running)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping.clear()
+        self._listening.clear()
+        self._thread = threading.Thread(target=self._listen_forever, name="scheduler-listen", daemon=True)
+        self._thread.start()
+
+    def wait_listening(self, timeout_s: float) -> bool:
+        """Block until ``LISTEN`` is in effect (``True``) or ``timeout_s`` passed (``False``)."""
+        return self._listening.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop listening and close the connection; idempotent."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=_LISTEN_POLL_S * 4)
+        self._thread = None
+
+    def _listen_forever(self) -> None:
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                self._listen_once()
+                delay = 0.1
+            except Exception as error:  # the server went away: poll meanwhile, then listen again
+                log.warning("LISTEN %s failed (%s); reconnecting", self.channel, type(error).__name__)
+            self._listening.clear()
+            self._inner.notify()  # notifications may have been missed while not listening
+            if self._stopping.wait(delay):
+                return
+            delay = min(_RECONNECT_MAX_S, delay * 2)
+
+    def _listen_once(self) -> None:
+        pooled = self._engine.raw_connection()
+        driver: Any = pooled.driver_connection  # psycopg's connection
+        pooled.detach()  # LISTEN state must never go back to a pool
+        try:
+            driver.autocommit = True
+            driver.execute("LISTEN " + quote_identifier(self.channel))
+            self._listening.set()
+            self._inner.notify()  # work enqueued before LISTEN took effect
+            while not self._stopping.is_set():
+                for _ in driver.notifies(timeout=_LISTEN_POLL_S):
+                    self.notifications += 1
+                    self._inner.notify()
+        finally:
+            with suppress(Exception):
+                pooled.close()

@@ -1,0 +1,61 @@
+"""Wake-ups for idle workers on PostgreSQL: ``NOTIFY`` from transactions the store owns (API §9).
+
+A write transaction the store owns (a method call on a store from ``open_store``, or a whole
+``store.transaction()`` block) that made an occurrence claimable — enqueued, requeued, resumed,
+retried, reopened by an adjudication — sends one ``pg_notify`` on the store's wake channel before
+it commits; PostgreSQL delivers it only if the transaction commits. Idle workers ``LISTEN`` on the
+channel (:class:`scheduler.worker.ListenWaker`) and claim at once instead of at their next poll.
+
+Never from a caller's transaction (``SchedulerStore.on_connection``): at COMMIT a transaction
+that notified takes a database-wide lock on the notification queue, which would serialize every
+committing application transaction that enqueued. An outbox enqueue therefore relies on the
+workers' polling (capped backoff, 2 s by default), or on an explicit
+:meth:`NotifyOperations.notify_workers` after the caller's COMMIT.
+
+SQLite has no ``NOTIFY``: nothing is sent there and workers poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from sqlalchemy import Connection, text
+
+WAKE_EVENTS: Final = frozenset(
+    {
+        "occurrence_enqueued",
+        "occurrence_requeued",
+        "occurrence_resume_requested",
+        "occurrence_retry_scheduled",
+        "occurrence_adjudication_recorded",
+    }
+)
+"""Event types after which an occurrence is (or becomes) claimable without a lease expiring."""
+CHANNEL_PREFIX: Final = "scheduler_work."
+_MAX_CHANNEL_BYTES: Final = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
+_NOTIFY: Final = text("SELECT pg_notify(:channel, '')")
+
+
+def wake_channel(schema: str) -> str:
+    """The ``LISTEN``/``NOTIFY`` channel of the scheduler schema ``schema``:
+    ``scheduler_work.<schema>``, or ``scheduler_work.#<first 24 hex of sha256(schema)>`` when that
+    would exceed PostgreSQL's 63-byte identifier limit."""
+    channel = CHANNEL_PREFIX + schema
+    if len(channel.encode()) <= _MAX_CHANNEL_BYTES:
+        return channel
+    return CHANNEL_PREFIX + "#" + hashlib.sha256(schema.encode()).hexdigest()[:24]
+
+
+def wakes_workers(rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a transaction that wrote these ``events`` rows made work claimable."""
+    return any(row["event_type"] in WAKE_EVENTS for row in rows)
+
+
+def send_wakeup(conn: Connection, channel: str) -> None:
+    """Queue one notification on ``channel`` in ``conn``'s transaction (delivered at COMMIT)."""
+    conn.execute(_NOTIFY, {"channel": channel})
+
+
+__all__ = ["CHANNEL_PREFIX", "WAKE_EVENTS", "send_wakeup", "wake_channel", "wakes_workers"]
