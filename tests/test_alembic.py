@@ -26,6 +26,7 @@ from backends import PostgresServer
 from dump import diff, dump
 from recorded import REFERENCE_DBS, T0, UPGRADE_NOW, copy_reference
 
+import scheduler
 from scheduler import open_store
 from scheduler.schema import (
     SCHEDULER_APPLICATION_ID,
@@ -266,6 +267,76 @@ def test_stamp_is_refused_and_changes_nothing(tmp_path: Path) -> None:
             command.stamp(alembic_config(f"url=sqlite:///{path}"), revision)
     assert digest(path) == before
     assert current(path) == "v2"
+
+
+HOST_ENV = """
+from alembic import context
+import scheduler
+from scheduler.revisions import refuse_stamp
+
+engine = scheduler.sqlite_engine(context.config.get_main_option("sqlalchemy.url"))
+with engine.connect() as connection:
+    context.configure(connection=connection, on_version_apply=[refuse_stamp])
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+"""
+HOST_REVISION = """
+revision = {revision!r}
+down_revision = {down!r}
+branch_labels = {labels!r}
+depends_on = {depends!r}
+
+
+def upgrade() -> None:
+    pass
+"""
+
+
+def host_config(root: Path, database: Path) -> Config:
+    """A host application's Alembic environment with the scheduler branch mounted: its own
+    revisions ``host_1`` (base, branch ``host``), ``host_2`` and ``host_3`` (depends on
+    ``scheduler@v6``), and ``refuse_stamp`` installed."""
+    versions = root / "versions"
+    versions.mkdir(parents=True)
+    (root / "env.py").write_text(HOST_ENV)
+    for revision, down, labels, depends in (
+        ("host_1", None, ("host",), None),
+        ("host_2", "host_1", None, None),
+        ("host_3", "host_2", None, "v6"),
+    ):
+        text = HOST_REVISION.format(revision=revision, down=down, labels=labels, depends=depends)
+        (versions / f"{revision}.py").write_text(text)
+    config = Config(stdout=io.StringIO())
+    config.set_main_option("script_location", str(root))
+    config.set_main_option("path_separator", "space")
+    config.set_main_option("version_locations", f"{versions} {scheduler.alembic_version_location()}")
+    config.set_main_option("sqlalchemy.url", str(database))
+    config.attributes["configure_logger"] = False
+    return config
+
+
+def host_heads(database: Path) -> set[str]:
+    with sqlite3.connect(database) as connection:
+        return {row[0] for row in connection.execute("SELECT version_num FROM alembic_version")}
+
+
+def test_stamp_judges_only_the_scheduler_branch_in_a_host_environment(tmp_path: Path) -> None:
+    database = tmp_path / "host.sqlite"
+    config = host_config(tmp_path / "host", database)
+    command.upgrade(config, "host_2")
+    command.upgrade(config, "scheduler@head")
+    assert host_heads(database) == {"host_2", "v6"}
+    command.stamp(config, "host_1")  # a host revision: the scheduler's v6 stays recorded
+    command.stamp(config, "host_2")
+    assert host_heads(database) == {"host_2", "v6"}
+    command.stamp(config, "host_3")  # replaces the recorded v6 by a revision depending on it
+    assert host_heads(database) == {"host_3"}
+    before = digest(database)
+    for revision in ("scheduler@v3", "host_2"):  # both would move the scheduler's branch
+        with pytest.raises(CommandError, match="stamp is refused"):
+            command.stamp(config, revision)
+    assert digest(database) == before
 
 
 def test_unsupported_url_is_refused() -> None:

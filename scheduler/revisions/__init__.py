@@ -248,17 +248,45 @@ def refuse_downgrade(version: int) -> None:
     )
 
 
+VERSIONS_DIRECTORY: Final = Path(__file__).resolve().parent / "versions"
+_OWN_IDS: Final = frozenset(f"v{n}" for n in range(1, LATEST_VERSION + 1))
+
+
+def _scheduler_lineage(script: Any, revision_ids: tuple[str, ...]) -> frozenset[str]:
+    """The scheduler's revisions among ``revision_ids`` and everything they descend from or
+    depend on (a host revision that merges or depends on ``scheduler@v6`` carries v1…v6)."""
+    found: set[str] = set()
+    for revision_id in revision_ids:
+        for revision in script.iterate_revisions(revision_id, "base"):
+            if Path(revision.path).resolve().parent == VERSIONS_DIRECTORY:
+                found.add(revision.revision)
+    return frozenset(found)
+
+
 def refuse_stamp(
     ctx: MigrationContext, step: MigrationInfo, heads: set[str], run_args: dict[str, Any]
 ) -> None:
-    """An ``on_version_apply`` hook refusing ``alembic stamp`` of scheduler revisions.
+    """An ``on_version_apply`` hook refusing an ``alembic stamp`` that moves the scheduler branch.
 
     A stamp would change only ``alembic_version``; the scheduler's version is its
-    ``migrations`` table. The repository environment installs it; a host environment may pass
-    it to ``context.configure(on_version_apply=[...])``.
+    ``migrations`` table. The stamp is judged on the scheduler's revisions only: it is refused
+    when the scheduler revisions it records (the stamped revisions and what they descend from or
+    depend on) differ from those it replaces. So ``stamp scheduler@v3`` is refused, while
+    stamping a host revision is allowed, including one that merges or depends on the scheduler's
+    head already recorded. (``stamp --purge`` empties ``alembic_version`` before any step and
+    is not seen; the ``migrations`` table still holds the truth.) The repository environment
+    installs it; a host environment may pass it to ``context.configure(on_version_apply=[...])``.
     """
-    revisions = set(step.up_revision_ids) | set(step.down_revision_ids)
-    if step.is_stamp and revisions & {f"v{n}" for n in range(1, LATEST_VERSION + 1)}:
+    if not step.is_stamp:
+        return
+    script = getattr(ctx, "script", None)
+    if script is None:  # no script directory to ask: judge by the scheduler's revision ids
+        moved = bool((set(step.up_revision_ids) | set(step.down_revision_ids)) & _OWN_IDS)
+    else:
+        before = _scheduler_lineage(script, tuple(step.down_revision_ids))
+        after = _scheduler_lineage(script, tuple(step.up_revision_ids))
+        moved = before != after
+    if moved:
         raise CommandError(
             "alembic stamp is refused for the scheduler's revisions: the scheduler's version is "
             "its migrations table, which a stamp would not change. Use `alembic upgrade` (a "
