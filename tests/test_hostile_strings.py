@@ -473,7 +473,7 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
 }
 # fmt: on
 NO_STRING_ARGUMENTS = frozenset(
-    {"close", "schema_info", "transaction", "on_connection", "stats", "queue_depth"}
+    {"close", "notify_workers", "schema_info", "transaction", "on_connection", "stats", "queue_depth"}
 )
 
 
