@@ -32,8 +32,9 @@ DRIVERS = [
     pytest.param(driver, marks=[pytest.mark.postgresql] if backend == POSTGRESQL else [])
     for driver, backend in DRIVER_BACKENDS.items()
 ]
-SYNC_ONLY = {"on_connection", "transaction", "close", "closed", "clock", "connection"}
-"""Members whose async form is written by hand (or, for ``clock``/``connection``, absent)."""
+SYNC_ONLY = {"on_connection", "transaction", "close", "closed", "clock", "connection", "wake_channel"}
+"""Members whose async form is written by hand (or, for ``clock``/``connection``, absent; the
+``wake_channel`` property is a plain property)."""
 
 
 @pytest.fixture(params=DRIVERS)

@@ -6,13 +6,14 @@ worker with a long poll interval picks up new work.
   nothing claimable send none.
 * An enqueue inside the application's own transaction (``on_connection``) never notifies;
   ``notify_workers()`` after its COMMIT does, and is refused inside the transaction.
-* A ``ListenWaker`` wakes its waiting lanes on a notification.
+* A ``ListenWaker`` wakes its waiting lanes on a notification; the async store notifies too.
 
 The channel is observed by a ``LISTEN`` on a connection of the test's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from backends import PostgresServer
 from sqlalchemy import Engine
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.aio import open_async_store
 from scheduler.store.wakeups import wake_channel
 from scheduler.worker import ListenWaker, PollingWaker, Worker
 from tests.worker_support import add_job, enqueue, new_store
@@ -139,3 +141,20 @@ def test_a_listen_waker_wakes_waiters_and_closes(store: SchedulerStore) -> None:
 
 class _SqliteLike:
     wake_channel = None
+
+
+@pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+psycopg_async"])
+def test_the_async_store_notifies_too(
+    store: SchedulerStore, listener: Listener, postgres_server: PostgresServer, pg_schema: str, driver: str
+) -> None:
+    add_job(store, "job")
+    url = postgres_server.url.set(drivername=driver).render_as_string(hide_password=False)
+
+    async def enqueue_and_notify() -> str | None:
+        async with await open_async_store(url, schema=pg_schema) as async_store:
+            await async_store.enqueue_occurrence(job_id="job", scheduled_for=0, trigger_key=driver)
+            assert await async_store.notify_workers() is True
+            return async_store.wake_channel
+
+    assert asyncio.run(enqueue_and_notify()) == store.wake_channel
+    assert listener.received() == 2

@@ -191,6 +191,12 @@ class AsyncSchedulerStore:
     queue_depth = _coroutine(SchedulerStore.queue_depth)
     stats = _coroutine(SchedulerStore.stats)
     prune = _coroutine(SchedulerStore.prune)
+    notify_workers = _coroutine(SchedulerStore.notify_workers)
+
+    @property
+    def wake_channel(self) -> str | None:
+        """The channel idle workers ``LISTEN`` on (PostgreSQL), ``None`` on SQLite."""
+        return self._store.wake_channel
 
 
 __all__ = ["AsyncSchedulerStore"]
