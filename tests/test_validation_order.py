@@ -184,7 +184,9 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
     # beyond the original: maintenance, validated like a write
     "prune": lambda s: s.prune(older_than_ms=-1),
 }
-NO_ARGUMENTS = frozenset({"close", "schema_info", "transaction", "on_connection", "stats", "queue_depth"})
+NO_ARGUMENTS = frozenset(
+    {"close", "notify_workers", "schema_info", "transaction", "on_connection", "stats", "queue_depth"}
+)
 # request_occurrence_pause without a checkpoint capability is not an invalid argument:
 EXPECTED_ON_CLOSED = {"request_occurrence_pause": "SCHEDULER_PAUSE_UNSUPPORTED"}
 
