@@ -1,6 +1,7 @@
 """examples/shop end to end, as an application runs it: from the installed wheel, its own Alembic
 chain with the scheduler branch mounted, ORM sessions placing orders through the outbox, and its
-worker sending receipts, in each of the four layouts of docs/embedding.md.
+worker sending receipts, in each of the four layouts of docs/embedding.md (the PostgreSQL one in
+a fresh database of the test server).
 
 Per layout: ``alembic upgrade heads``; the receipt job created; two orders placed (one ORM
 transaction each: order, shop event, occurrence); one order whose transaction fails after the
@@ -15,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import URL
 from wheel_support import InstalledWheel, copy_example
 
 SCRIPT = """
@@ -106,3 +108,11 @@ def test_shop_on_sqlite(wheel_env: InstalledWheel, tmp_path: Path, layout: str) 
         run_ok(wheel_env.run("-m", "scheduler", "init", "--db", env["SHOP_KERNEL"], cwd=shop, env=env))
     exercise(wheel_env, shop, env)
 
+
+
+def test_shop_on_postgresql(wheel_env: InstalledWheel, tmp_path: Path, pg_database: URL) -> None:
+    """The shop's tables in ``public``, the scheduler's in the schema ``scheduler`` of one database."""
+    shop = copy_example("shop", tmp_path)
+    url = pg_database.render_as_string(hide_password=False)
+    env = {"SHOP_LAYOUT": "postgresql", "SHOP_DATABASE": url}
+    exercise(wheel_env, shop, env)

@@ -6,7 +6,7 @@ worker with a long poll interval picks up new work.
   nothing claimable send none.
 * An enqueue inside the application's own transaction (``on_connection``) never notifies;
   ``notify_workers()`` after its COMMIT does, and is refused inside the transaction.
-* A ``ListenWaker`` wakes its waiting lanes on a notification; the async store notifies too.
+* An idle worker polling every 30 s runs a newly enqueued occurrence well within a second.
 
 The channel is observed by a ``LISTEN`` on a connection of the test's own.
 """
@@ -14,10 +14,12 @@ The channel is observed by a ``LISTEN`` on a connection of the test's own.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,7 +30,9 @@ from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.aio import open_async_store
 from scheduler.store.wakeups import wake_channel
 from scheduler.worker import ListenWaker, PollingWaker, Worker
-from tests.worker_support import add_job, enqueue, new_store
+from tests.worker_support import add_job, enqueue, new_store, running, wait_for
+
+LONG_POLL_MS = 30_000
 
 
 class Listener:
@@ -114,6 +118,37 @@ def test_sqlite_workers_poll(tmp_path: Path) -> None:
     assert store.wake_channel is None and store.notify_workers() is False
     assert isinstance(Worker(store, {"job": lambda o, c: None}).waker, PollingWaker)
     store.close()
+
+
+def test_an_idle_worker_wakes_on_notify_long_before_its_next_poll(
+    store: SchedulerStore, postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    add_job(store, "job")
+    started: dict[str, float] = {}
+
+    def handler(occurrence: Any, ctx: Any) -> None:
+        started[occurrence.trigger_key] = time.monotonic()
+
+    worker = Worker(
+        store, {"job": handler}, poll_min_ms=LONG_POLL_MS, poll_max_ms=LONG_POLL_MS, periodic=False
+    )
+    assert isinstance(worker.waker, ListenWaker)
+    producer = open_store(postgres_server.engine, schema=pg_schema)
+    latencies = []
+    with running(worker):
+        assert worker.waker.wait_listening(10)
+        time.sleep(0.3)  # the lane's first polls found nothing: it now sleeps for 30 s
+        for index in range(5):
+            key = f"wake-{index}"
+            enqueued_at = time.monotonic()
+            enqueue(producer, "job", key)
+            wait_for(lambda key=key: key in started, timeout=10, message="the woken worker")  # type: ignore[misc]
+            latencies.append((started[key] - enqueued_at) * 1000)
+            time.sleep(0.2)  # idle again
+    producer.close()
+    print(f"wake latency ms: median {statistics.median(latencies):.1f}, max {max(latencies):.1f}")
+    assert max(latencies) < 3_000  # vs. a 30 s poll: woken, not polled (noisy machine: generous)
+    assert worker.waker.notifications >= 5
 
 
 def test_a_listen_waker_wakes_waiters_and_closes(store: SchedulerStore) -> None:

@@ -1,5 +1,6 @@
 """Periodic triggers fired by workers (API §9): due ticks, missed-tick policy, the recorded v6
-reference database continued with a fixed clock, and exactly-once across worker processes."""
+reference database continued with a fixed clock (SQLite files), and exactly-once across worker
+processes (on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_places import PostgresSchemaPlace, StorePlace
 
 from scheduler import open_store
 from scheduler.testing import T0, SchedulerClock
@@ -124,23 +126,27 @@ WORKER_SCRIPT = textwrap.dedent(
     from scheduler import open_store
     from scheduler.worker import Worker
 
-    store = open_store(sys.argv[1], busy_timeout_ms=10_000)
+    store = open_store(sys.argv[1], busy_timeout_ms=10_000, schema=sys.argv[2] if len(sys.argv) > 2 else None)
     Worker(store, {"tick": lambda occurrence, ctx: {"key": occurrence.trigger_key}},
            concurrency=2, poll_max_ms=200).run()
     """
 )
 
 
-def test_three_worker_processes_fire_each_tick_exactly_once(tmp_path: Path) -> None:
-    path = tmp_path / "k.sqlite"
-    store = new_store(path)
-    anchor = (int(time.time() * 1000) // 1000 + 2) * 1000
-    add_job(store, "heartbeat", kind="tick", trigger={"type": "interval", "everyMs": 1000, "anchor": anchor})
-    store.close()
+def test_three_worker_processes_fire_each_tick_exactly_once(tmp_path: Path, place: StorePlace) -> None:
+    """On a SQLite file and on a PostgreSQL schema (``place``)."""
+    with place.open() as store:
+        anchor = (int(time.time() * 1000) // 1000 + 2) * 1000
+        trigger = {"type": "interval", "everyMs": 1000, "anchor": anchor}
+        add_job(store, "heartbeat", kind="tick", trigger=trigger)
     script = tmp_path / "tick_worker.py"
     script.write_text(WORKER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    workers = [subprocess.Popen([sys.executable, str(script), str(path)], env=env) for _ in range(3)]
+    if isinstance(place, PostgresSchemaPlace):
+        target = [place.server.url.render_as_string(hide_password=False), place.schema]
+    else:
+        target = [str(place.path)]
+    workers = [subprocess.Popen([sys.executable, str(script), *target], env=env) for _ in range(3)]
     try:
         time.sleep(20)
     finally:
@@ -148,21 +154,17 @@ def test_three_worker_processes_fire_each_tick_exactly_once(tmp_path: Path) -> N
             process.send_signal(signal.SIGTERM)
         codes = [process.wait(timeout=60) for process in workers]
     assert codes == [0, 0, 0]
-    with sqlite3.connect(path) as connection:
-        keys = [
-            row[0] for row in connection.execute("SELECT trigger_key FROM occurrences ORDER BY scheduled_for")
-        ]
-        enqueued = connection.execute(
-            "SELECT count(*) FROM events WHERE event_type = 'occurrence_enqueued'"
-        ).fetchone()[0]
-        claims = dict(
-            connection.execute(
-                "SELECT occurrence_id, count(*) FROM events WHERE event_type = 'occurrence_claimed' "
-                "GROUP BY occurrence_id"
-            ).fetchall()
+    keys = [row[0] for row in place.sql("SELECT trigger_key FROM occurrences ORDER BY scheduled_for")]
+    enqueued = place.sql("SELECT count(*) FROM events WHERE event_type = 'occurrence_enqueued'")[0][0]
+    claims = dict(
+        place.sql(
+            "SELECT occurrence_id, count(*) FROM events WHERE event_type = 'occurrence_claimed' "
+            "GROUP BY occurrence_id"
         )
-        statuses = {row[0] for row in connection.execute("SELECT status FROM occurrences")}
+    )
+    statuses = {row[0] for row in place.sql("SELECT status FROM occurrences")}
     ticks = [int(key.split(":")[1]) for key in keys]
+    print(f"{place.backend}: {len(ticks)} ticks by 3 processes, claims each {set(claims.values())}")
     assert len(ticks) >= 15, keys  # about 20 s of one-second ticks
     assert ticks == list(range(ticks[0], ticks[0] + len(ticks)))  # every tick, none twice
     assert enqueued == len(keys) and set(claims.values()) == {1}

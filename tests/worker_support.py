@@ -1,7 +1,9 @@
-"""Helpers of the worker tests: a store on a real SQLite file and a worker run in a thread."""
+"""Helpers of the worker tests: a store on a real SQLite file, a worker run in a thread, and the
+handlers module that ``scheduler worker`` processes run (``HANDLERS``)."""
 
 from __future__ import annotations
 
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,60 @@ from scheduler.worker import Worker
 
 AUTHORITY: dict[str, Any] = {"principal": {"type": "service", "id": "worker-tests"}}
 PAUSABLE = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint", "before_execute"]}
+HANDLER_KINDS = ("ok", "flaky", "fatal", "long", "stubborn", "slow")
+"""The job kinds of :data:`HANDLERS` (a user's handlers module for ``scheduler worker``)."""
+
+HANDLERS = textwrap.dedent(
+    """
+    import time
+    from pathlib import Path
+    from scheduler.worker import PermanentError
+
+    MARKS = Path(__file__).parent / "marks"
+
+    def mark(name, text=""):
+        MARKS.mkdir(exist_ok=True)
+        (MARKS / name).write_text(text)
+
+    def ok(occurrence, ctx):
+        return {"echo": occurrence.payload}
+
+    def flaky(occurrence, ctx):
+        if occurrence.attempt == 1:
+            raise ConnectionError("upstream reset")
+        return {"attempt": occurrence.attempt}
+
+    def fatal(occurrence, ctx):
+        raise PermanentError("recipient rejected", code="RECIPIENT_REJECTED")
+
+    def long(occurrence, ctx):
+        if ctx.resumed_checkpoint is not None:
+            return {"resumed_from": ctx.resumed_checkpoint}
+        mark("long-started-" + str(occurrence.fence))
+        for step in range(3000):
+            ctx.checkpoint({"step": step})
+            time.sleep(0.01)
+        return {"resumed_from": ctx.resumed_checkpoint}
+
+    def stubborn(occurrence, ctx):
+        if occurrence.fence > 1:  # a later claim after the lease was lost: finish at once
+            return "second run"
+        mark("stubborn-" + str(occurrence.fence))
+        deadline = time.monotonic() + 20
+        while not ctx.should_stop and time.monotonic() < deadline:
+            time.sleep(0.02)
+        mark("stubborn-stopped-" + str(occurrence.fence), str(ctx.should_stop))
+        return "must not be settled"
+
+    def slow(occurrence, ctx):
+        mark("slow-started")
+        time.sleep(1.5)
+        mark("slow-finished")
+        return "finished after SIGTERM"
+
+    HANDLERS = {"ok": ok, "flaky": flaky, "fatal": fatal, "long": long, "stubborn": stubborn, "slow": slow}
+    """
+)
 
 
 def new_store(path: Path, **options: Any) -> SchedulerStore:

@@ -106,6 +106,18 @@ def worker_command(
     periodic: Annotated[
         bool, typer.Option("--periodic/--no-periodic", help="Fire periodic triggers.")
     ] = True,
+    poll_min_ms: Annotated[
+        int, typer.Option("--poll-min-ms", min=1, max=3_600_000, help="First idle poll delay (ms).")
+    ] = 50,
+    poll_max_ms: Annotated[
+        int,
+        typer.Option(
+            "--poll-max-ms",
+            min=1,
+            max=3_600_000,
+            help="Longest idle poll delay (ms); on PostgreSQL NOTIFY wakes idle workers sooner.",
+        ),
+    ] = 2_000,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="Level of the logs on stderr.")] = "info",
     as_json: JsonOption = False,
 ) -> None:
@@ -127,6 +139,8 @@ def worker_command(
             retry=RetryPolicy(base_ms=retry_base_ms, max_ms=max(retry_base_ms, retry_max_ms)),
             missed_ticks=missed_ticks,
             periodic=periodic,
+            poll_min_ms=poll_min_ms,
+            poll_max_ms=max(poll_min_ms, poll_max_ms),
         )
         with _logs_on_stderr(log_level, as_json):
             worker.run()
