@@ -2,14 +2,15 @@
 
 :class:`ClaimPlan` receives the rows of the claim statements (:mod:`scheduler.store.claim_query`)
 and yields sweep batches and claim candidates in the order successive seed ``claimNext`` calls
-would take them. A claim step that cannot take a candidate (another worker holds it) simply
-asks for the next one.
+would take them (:func:`read_plan` runs the statements). A claim step that cannot take a
+candidate (another worker holds it: ``scheduler.store.claim_locks``) simply asks for the next
+one.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
@@ -23,8 +24,17 @@ from scheduler.store.claim_query import (
     RESUMED,
     SWEEP_LIMIT,
     WINDOW_MARKERS,
+    ClaimFilter,
+    beyond_window_params,
+    beyond_window_statement,
+    claim_next_params,
+    claim_next_prepared,
+    continued_walk_statement,
+    eligible_job_rows_statement,
+    within_budget,
 )
 from scheduler.store.fastpath import StoredRow
+from scheduler.store.session import Tx
 
 DUE_STREAMS: Final = (ARM_QUEUED, ARM_RETRY_WAIT)
 
@@ -78,9 +88,21 @@ class ClaimPlan:
     same transaction are the remaining rows of the same ordered streams.
     """
 
-    __slots__ = ("_done", "_running", "_streams", "_sweep", "target", "window_ends")
+    __slots__ = ("_done", "_open", "_read_limit", "_running", "_streams", "_sweep", "target", "window_ends")
 
-    def __init__(self, rows: Iterable[StoredRow], now: int) -> None:
+    def __init__(
+        self,
+        rows: Iterable[StoredRow],
+        now: int,
+        *,
+        read_limit: int | None = None,
+        done: set[str] | None = None,
+    ) -> None:
+        """``rows``: the claim statement's result. With ``read_limit`` (the statement's
+        ``arm_limit``) the plan tracks which due arms may hold more rows than were read, and
+        :meth:`next_candidate` stops rather than pass over them once they run dry. ``done``:
+        occurrences already claimed, swept or given up in this transaction (left out; shared
+        and extended by this plan)."""
         expired: list[StoredRow] = []
         due: dict[str, list[StoredRow]] = {arm: [] for arm in DUE_STREAMS}
         self.window_ends: dict[str, int | None] = {}
@@ -95,11 +117,22 @@ class ClaimPlan:
                 self.window_ends[WINDOW_MARKERS[arm]] = row.available_at
             else:
                 self.target = row
+        self._read_limit = read_limit
+        self._open: set[str] = set()
+        if read_limit is not None:
+            self._open = {arm for arm, streamed in due.items() if len(streamed) >= read_limit}
+        self._done: set[str] = set() if done is None else done
+        if self._done:
+            due = {arm: self._fresh(streamed) for arm, streamed in due.items()}
+            expired = self._fresh(expired)
         self._streams = {arm: deque(sorted(rows, key=sort_key)) for arm, rows in due.items()}
         ordered = sorted(expired, key=lambda row: (row.lease_expires_at, row.occurrence_id))
         self._sweep = deque(row for row in ordered if sweepable(row))
         self._running = deque(sorted((row for row in expired if claimable(row, now)), key=sort_key))
-        self._done: set[str] = set()
+
+    def _fresh(self, rows: list[StoredRow]) -> list[StoredRow]:
+        done = self._done
+        return [row for row in rows if row.occurrence_id not in done]
 
     def short_windows(self, limit: int) -> list[tuple[str, int, int]]:
         """(arm, window end, rows missing) of each due arm that returned fewer than ``limit``
@@ -111,9 +144,13 @@ class ClaimPlan:
                 short.append((arm, end, missing))
         return short
 
-    def extend(self, arm: str, rows: Iterable[StoredRow]) -> None:
-        """Append a due arm's rows from beyond its window (all later in the order than its own)."""
-        self._streams[arm].extend(sorted(rows, key=sort_key))
+    def extend(self, arm: str, rows: Sequence[StoredRow], asked: int | None = None) -> None:
+        """Append a due arm's rows from beyond its window (all later in the order than its own);
+        ``asked``: how many were asked for (all of them came: there may be more)."""
+        if self._read_limit is not None and asked is not None and len(rows) >= asked:
+            self._open.add(arm)
+        fresh = self._fresh(list(rows)) if self._done else rows
+        self._streams[arm].extend(sorted(fresh, key=sort_key))
 
     def next_sweep(self) -> list[StoredRow]:
         """The next (at most 100) expired final attempts to dead-letter."""
@@ -125,10 +162,22 @@ class ClaimPlan:
                 self._done.add(row.occurrence_id)
         return batch
 
+    @property
+    def sweep_pending(self) -> bool:
+        """Expired final attempts remain for later sweeps."""
+        return any(row.occurrence_id not in self._done for row in self._sweep)
+
+    @property
+    def dry(self) -> bool:
+        """A due arm that may hold unread rows has run out: the next candidate is unknown."""
+        return any(not self._streams[arm] for arm in self._open)
+
     def next_candidate(self) -> StoredRow | None:
-        """The next occurrence to claim, or ``None``."""
+        """The next occurrence to claim, or ``None`` (also when :attr:`dry`: read again)."""
         while self._running and self._running[0].occurrence_id in self._done:
             self._running.popleft()
+        if self._open and self.dry:
+            return None
         streams = [stream for stream in (*self._streams.values(), self._running) if stream]
         if not streams:
             return None
@@ -139,3 +188,32 @@ class ClaimPlan:
 
     def was_swept(self, occurrence_id: str) -> bool:
         return occurrence_id in self._done
+
+
+def read_plan(tx: Tx, claim_filter: ClaimFilter, limit: int, done: set[str] | None = None) -> ClaimPlan:
+    """The claim statement's candidates (``limit`` per due arm), completed beyond short windows.
+
+    ``done`` (concurrent writers only): the occurrences this transaction already claimed, swept
+    or passed over; the plan leaves them out and tracks arms that may hold unread rows.
+    """
+    rows = tx.all(claim_next_prepared(claim_filter), claim_next_params(tx.now, limit, claim_filter))
+    plan = ClaimPlan(rows, tx.now, read_limit=None if done is None else limit, done=done)
+    for arm, window_end, missing in plan.short_windows(limit):
+        plan.extend(arm, due_rows_beyond_window(tx, arm, window_end, missing, claim_filter), missing)
+    return plan
+
+
+def due_rows_beyond_window(
+    tx: Tx, arm: str, window_end: int, limit: int, claim_filter: ClaimFilter
+) -> Sequence[StoredRow]:
+    """The next ``limit`` claimable rows of a due arm after its window (see ``claim_query``).
+
+    Read through the eligible jobs when they hold at most ``claim_query.JOB_PROBE_BUDGET`` occurrences,
+    else by walking on along the claim index.
+    """
+    shape = claim_filter.shape
+    params = beyond_window_params(tx.now, window_end, limit, claim_filter)
+    counted = tx.first(eligible_job_rows_statement(shape), params)
+    if within_budget(counted[0]):
+        return tx.all(beyond_window_statement(arm, shape), params)
+    return tx.all(continued_walk_statement(arm, shape), params)

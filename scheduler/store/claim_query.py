@@ -51,7 +51,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.dialect import json_text_field
+from scheduler.store.dialect import correlated_exists, json_text_field
 from scheduler.store.fastpath import Prepared
 
 SWEEP_LIMIT: Final = 100
@@ -179,8 +179,8 @@ def _job_conditions(jobs: Any, shape: Shape) -> list[ColumnElement[bool]]:
 
 
 def job_filter(shape: Shape) -> ColumnElement[bool]:
-    """EXISTS an eligible job (:func:`_job_conditions`) for the row ``o``."""
-    return exists().where(_j.c.job_id == o.c.job_id, *_job_conditions(_j, shape))
+    """EXISTS an eligible job (:func:`_job_conditions`) for the row ``o`` (tested row by row)."""
+    return correlated_exists().where(_j.c.job_id == o.c.job_id, *_job_conditions(_j, shape))
 
 
 # ------------------------------------------------------------------------------------ arms
@@ -272,6 +272,13 @@ CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
 )
 CLAIM_OCCURRENCE_PREPARED: Final = Prepared(CLAIM_OCCURRENCE)
+LOCKED_ROWS: Final = Prepared(
+    select(*_columns(ARM_EXPIRED, job_filter((KIND_ANY, False)), PENDING_ADJUDICATION))
+    .select_from(_WITH_CONTROL)
+    .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
+)
+"""Occurrences as they are now, with what a claim or the sweep needs (``:p_ids``): read again
+after a concurrent-writer backend locked them (:mod:`scheduler.store.claim_locks`)."""
 
 
 def claim_next_statement(claim_filter: ClaimFilter) -> CompoundSelect[Any]:

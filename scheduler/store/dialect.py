@@ -6,6 +6,7 @@ in one module per dialect (``scheduler.store.dialects.sqlite`` and ``…postgres
 hold each backend's runtime pieces (begin statements, failure classification, clock, pragmas):
 
 * :class:`json_text_field` — a JSON object member as text (``json_extract`` / ``->>``);
+* :class:`correlated_exists` — an ``EXISTS`` kept row by row (PostgreSQL: ``OFFSET 0`` inside);
 * :class:`greatest` — the larger of two values (SQLite's scalar ``max`` / ``GREATEST``);
 * :class:`glob_match` — SQLite's ``GLOB`` with a constant pattern (a regular expression on
   PostgreSQL, translated by ``scheduler.schema.glob_to_regex``);
@@ -26,6 +27,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.expression import Exists
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.visitors import InternalTraversal, _TraverseInternalsType
 
@@ -38,6 +40,9 @@ class StoreDialect(Protocol):
     """What the runners need of a backend (``scheduler.store.dialects.sqlite`` / ``postgresql``)."""
 
     NAME: str
+    CONCURRENT_WRITERS: bool
+    """Whether write transactions run at the same time (PostgreSQL), so a claim must lock each
+    candidate it read before claiming it; ``False`` where writers are serialized (SQLite)."""
 
     def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
         """Start a transaction the store owns (its first statements)."""
@@ -95,6 +100,24 @@ class glob_match(ColumnElement[bool]):
         self.pattern = pattern
 
 
+class correlated_exists(Exists):
+    """An ``EXISTS`` tested row by row on the rows an ordered index walk yields, as SQLite runs it.
+
+    Built like ``exists()`` (``correlated_exists().where(…)``). SQLite renders it as a plain
+    ``EXISTS``. PostgreSQL would pull it up into a semi-join and, for a selective filter
+    (``job_kind``), read and sort every due row instead of walking the claim index; ``OFFSET 0``
+    in the subquery keeps it a per-row subplan there.
+    """
+
+    __visit_name__ = "scheduler_correlated_exists"
+    inherit_cache = True
+
+
+@compiles(correlated_exists)
+def _render_correlated_exists(element: correlated_exists, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.visit_unary(element, **kw))  # type: ignore[no-untyped-call]
+
+
 class greatest(FunctionElement[Any]):
     """The larger of two non-null values."""
 
@@ -140,6 +163,7 @@ def insert_ignoring_conflict(table: Table, *index_elements: str) -> InsertIgnori
 __all__ = [
     "InsertIgnoringConflict",
     "StoreDialect",
+    "correlated_exists",
     "glob_match",
     "greatest",
     "insert_ignoring_conflict",

@@ -20,20 +20,14 @@ from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
-from scheduler.store.claim_plan import ClaimPlan, claimable, keeps_attempt
+from scheduler.store.claim_locks import lock_candidates, lock_target, locked_sweep
+from scheduler.store.claim_plan import ClaimPlan, claimable, keeps_attempt, read_plan
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     PAUSE_REQUESTED,
     RESUMED,
     ClaimFilter,
-    beyond_window_params,
-    beyond_window_statement,
-    claim_next_params,
-    claim_next_prepared,
     claim_occurrence_params,
-    continued_walk_statement,
-    eligible_job_rows_statement,
-    within_budget,
 )
 from scheduler.store.dialect import greatest
 from scheduler.store.fastpath import Prepared, StoredRow
@@ -313,6 +307,11 @@ def _rebind_control(tx: Tx, row: StoredRow, fence: int) -> None:
         )
 
 
+CONTENDED_EXTRA: Final = 8
+"""Candidates a claim reads beyond its limit on a backend with concurrent writers, so a worker
+whose first candidates other workers hold finds the next ones without reading again."""
+
+
 def claim_in(
     tx: Tx, owner: str, lease_ms: int, claim_filter: ClaimFilter, limit: int, events: EventLog | None = None
 ) -> list[Occurrence]:
@@ -321,11 +320,10 @@ def claim_in(
     With ``events`` given, the events are appended there for the caller to write.
     """
     claims = Claims(tx, owner, lease_ms, events)
-    statement = claim_next_prepared(claim_filter)
-    rows = tx.all(statement, claim_next_params(tx.now, limit, claim_filter))
-    plan = ClaimPlan(rows, tx.now)
-    for arm, window_end, missing in plan.short_windows(limit):
-        plan.extend(arm, due_rows_beyond_window(tx, arm, window_end, missing, claim_filter))
+    if tx.concurrent:
+        _claim_locked(tx, claims, claim_filter, limit)
+        return claims.write()
+    plan = read_plan(tx, claim_filter, limit)
     for _ in range(limit):
         sweep_expired(tx, plan.next_sweep(), claims.events)
         candidate = plan.next_candidate()
@@ -335,20 +333,48 @@ def claim_in(
     return claims.write()
 
 
-def due_rows_beyond_window(
-    tx: Tx, arm: str, window_end: int, limit: int, claim_filter: ClaimFilter
-) -> Sequence[StoredRow]:
-    """The next ``limit`` claimable rows of a due arm after its window (see ``claim_query``).
+def _claim_locked(tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int) -> None:
+    """``claim_in`` among concurrent writers: candidates locked SKIP LOCKED, then read again.
 
-    Read through the eligible jobs when they hold at most ``claim_query.JOB_PROBE_BUDGET`` occurrences,
-    else by walking on along the claim index.
+    The seed's order is followed; a candidate another transaction holds (or claimed meanwhile)
+    is passed over. While no sweep is pending, the next candidates for the rest of the batch are
+    locked together (one lock round); otherwise one per step, after that step's sweep, as the
+    seed's successive ``claimNext`` calls. When a due arm that may hold more rows than were read
+    runs dry (its candidates claimed or passed over), the candidates are read again (without the
+    ones already done), so nothing is claimed only when no claimable row remains that another
+    transaction does not hold.
     """
-    shape = claim_filter.shape
-    params = beyond_window_params(tx.now, window_end, limit, claim_filter)
-    counted = tx.first(eligible_job_rows_statement(shape), params)
-    if within_budget(counted[0]):
-        return tx.all(beyond_window_statement(arm, shape), params)
-    return tx.all(continued_walk_statement(arm, shape), params)
+    done: set[str] = set()
+    plan = read_plan(tx, claim_filter, limit + CONTENDED_EXTRA, done)
+    claimed = 0
+    while claimed < limit:
+        sweep_expired(tx, locked_sweep(tx, plan.next_sweep()), claims.events)
+        wanted = 1 if plan.sweep_pending else limit - claimed
+        rows, plan = _next_locked(tx, plan, claim_filter, wanted, limit - claimed, done)
+        if not rows:
+            break
+        for row in rows:
+            claims.claim(row, targeted=False)
+        claimed += len(rows)
+
+
+def _next_locked(
+    tx: Tx, plan: ClaimPlan, claim_filter: ClaimFilter, wanted: int, remaining: int, done: set[str]
+) -> tuple[list[StoredRow], ClaimPlan]:
+    """Up to ``wanted`` next candidates this transaction locked (fresh rows), and the plan they
+    came from (a new one after a read again)."""
+    while True:
+        candidates: list[StoredRow] = []
+        while len(candidates) < wanted and (candidate := plan.next_candidate()) is not None:
+            candidates.append(candidate)
+        if candidates:
+            locked = lock_candidates(tx, candidates)
+            if locked:
+                return locked, plan
+        elif plan.dry:
+            plan = read_plan(tx, claim_filter, len(done) + remaining + CONTENDED_EXTRA, done)
+        else:
+            return [], plan
 
 
 def settle_and_claim_in(
@@ -364,11 +390,19 @@ def settle_and_claim_in(
 
 
 def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -> Occurrence | None:
-    """Sweep, then claim one named occurrence if the seed's rules allow it."""
+    """Sweep, then claim one named occurrence if the seed's rules allow it.
+
+    Among concurrent writers the named row is locked first, waiting for a transaction holding
+    it (a claim of it in flight): this claim then runs as if serially after that one, on rows
+    read after the lock, and ``now`` is sampled after it.
+    """
+    if tx.concurrent:
+        lock_target(tx, occurrence_id)
     claims = Claims(tx, owner, lease_ms)
     rows = tx.all(CLAIM_OCCURRENCE_PREPARED, claim_occurrence_params(tx.now, occurrence_id))
     plan = ClaimPlan(rows, tx.now)
-    sweep_expired(tx, plan.next_sweep(), claims.events)
+    sweep = plan.next_sweep()
+    sweep_expired(tx, locked_sweep(tx, sweep) if tx.concurrent else sweep, claims.events)
     target = plan.target
     if target is None:
         raise not_found("occurrence", occurrence_id)

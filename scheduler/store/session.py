@@ -62,7 +62,17 @@ class Tx:
     ``schema_translate_map`` per statement, so a caller's connection is never altered).
     """
 
-    __slots__ = ("_fast", "_key_locks", "_now", "_sampler", "_uuid_factory", "conn", "events", "options")
+    __slots__ = (
+        "_fast",
+        "_key_locks",
+        "_now",
+        "_sampler",
+        "_uuid_factory",
+        "concurrent",
+        "conn",
+        "events",
+        "options",
+    )
 
     def __init__(
         self,
@@ -73,8 +83,13 @@ class Tx:
         options: dict[str, Any] | None = None,
         sampler: Clock | None = None,
         key_locks: KeyLocks | None = None,
+        *,
+        concurrent: bool = False,
     ) -> None:
         self.conn = conn
+        self.concurrent = concurrent
+        """Other write transactions may run at the same time (PostgreSQL): a row read without a
+        lock may change before this one writes it (``StoreDialect.CONCURRENT_WRITERS``)."""
         self._now = now
         self._sampler = sampler
         self._key_locks = key_locks
@@ -321,12 +336,15 @@ class _Base:
         return fast if fast is not None and fast.usable(self.conn) else None
 
     def _tx(self, sample_clock: bool, fast: FastPath | None) -> Tx:
-        locks = self.key_locks
+        now: int | None = None
+        sampler: Clock | None = None
         if self.clock is SERVER_CLOCK:
             conn, now_of = self.conn, self.dialect.server_now
-            return Tx(conn, None, self.uuid_factory, fast, self.options, lambda: now_of(conn), locks)
-        now = _sample_clock(self.clock) if sample_clock else 0
-        return Tx(self.conn, now, self.uuid_factory, fast, self.options, None, locks)
+            sampler = lambda: now_of(conn)  # noqa: E731 - read lazily, after the rows are locked
+        else:
+            now = _sample_clock(self.clock) if sample_clock else 0
+        options, locks, concurrent = self.options, self.key_locks, self.dialect.CONCURRENT_WRITERS
+        return Tx(self.conn, now, self.uuid_factory, fast, options, sampler, locks, concurrent=concurrent)
 
     def idle(self) -> None:
         """The store found nothing to do (a claim without work); a moment for housekeeping."""

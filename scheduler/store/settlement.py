@@ -50,6 +50,9 @@ _c = t.occurrence_controls
 _res = t.authority_reservations
 _adj = t.adjudications
 
+# The occurrence row is locked (PostgreSQL; nothing on SQLite) before the control, reservation and
+# adjudication rows are written, as every writer of those rows does: a claim or sweep holding the
+# row is then waited for instead of deadlocked with.
 _CURRENT_ROWS: Final = select(
     _o,
     _c.c.state.label("control_state"),
@@ -64,9 +67,11 @@ _CURRENT_ROWS: Final = select(
     .outerjoin(_res, _res.c.occurrence_id == _o.c.occurrence_id)
     .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
 )
-_CURRENT: Final = Prepared(_CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")))
+_CURRENT: Final = Prepared(
+    _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")).with_for_update(of=_o)
+)
 _CURRENT_MANY: Final = Prepared(
-    _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
+    _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))).with_for_update(of=_o)
 )
 _SETTLE: Final = Prepared(
     update(_o)

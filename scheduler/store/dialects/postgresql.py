@@ -16,10 +16,13 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from scheduler.schema.checks import glob_to_regex
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID
 from scheduler.schema.target import SchemaTarget
-from scheduler.store.dialect import glob_match, greatest, json_text_field
+from scheduler.store.dialect import correlated_exists, glob_match, greatest, json_text_field
 from scheduler.store.fastpath import FastPath
 
 NAME: Final = "postgresql"
+CONCURRENT_WRITERS: Final = True
+"""READ COMMITTED writers run at once: a claim locks each candidate it read ``FOR UPDATE SKIP
+LOCKED`` and re-reads it before claiming it (``scheduler.store.claim_locks``)."""
 
 
 def _literal(compiler: SQLCompiler, value: str) -> str:
@@ -39,6 +42,17 @@ def _glob_match(element: glob_match, compiler: SQLCompiler, **kw: Any) -> str:
     """The anchored regular expression equivalent to the GLOB pattern."""
     expression = compiler.process(element.operand, **kw)
     return f"({expression}) ~ {_literal(compiler, glob_to_regex(element.pattern))}"
+
+
+@compiles(correlated_exists, "postgresql")
+def _correlated_exists(element: correlated_exists, compiler: SQLCompiler, **kw: Any) -> str:
+    """``EXISTS (… OFFSET 0)``: a subquery with an OFFSET is never pulled up into a semi-join, so
+    the planner keeps walking the claim index in order and tests each row (cost independent of
+    the queue's depth), instead of reading and sorting every due row of a selective filter."""
+    rendered = str(compiler.visit_unary(element, **kw))  # type: ignore[no-untyped-call]
+    if not rendered.endswith(")"):
+        raise ValueError(f"unexpected EXISTS rendering: {rendered!r}")
+    return rendered[:-1] + " OFFSET 0)"
 
 
 @compiles(greatest, "postgresql")

@@ -18,6 +18,9 @@ from scheduler.store.dialect import glob_match, greatest, json_text_field
 from scheduler.store.fastpath import FastPath
 
 NAME: Final = "sqlite"
+CONCURRENT_WRITERS: Final = False
+"""``BEGIN IMMEDIATE`` runs one writer at a time: what a write transaction read stays true until
+it ends, so a claim needs no row lock (and runs no statement for one)."""
 
 
 # ----------------------------------------------------------------- renderings

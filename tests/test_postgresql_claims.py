@@ -1,0 +1,375 @@
+"""Claims among concurrent workers on PostgreSQL: SKIP LOCKED, no waits, never a double claim.
+
+Every store here has ``busy_timeout_ms=1`` (``lock_timeout = 1ms``): a call that waits on another
+transaction's row lock fails with ``SCHEDULER_STORAGE_UNAVAILABLE`` (55P03, retryable). The
+workers retry such a call and count it. A design where contending claimers wait for each other
+(the candidate's UPDATE waiting for another worker's claim to commit) fails on nearly every
+contended claim; this one may wait only in PostgreSQL's own corner (see
+``scheduler.store.claim_locks``: locking a row version that a claim committed microseconds
+earlier follows its update chain and waits for that worker's next write), so the tests allow a
+handful of retries in a run of hundreds of claims. Rows another worker is in the middle of
+claiming are held by a second connection's open ``SELECT … FOR UPDATE`` transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import Connection, Engine
+from test_postgresql_races import AUTHORITY, T0
+
+from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
+from scheduler.store import claim_locks, claim_query
+from scheduler.store.leases import CONTENDED_EXTRA
+from scheduler.testing import dump_tables
+
+T = TypeVar("T")
+LEASE = 60_000
+WORKERS = 8
+
+
+class Clock:
+    """A clock the test moves (shared by every store of a test)."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+StoreMaker = Callable[..., list[SchedulerStore]]
+
+
+@pytest.fixture
+def open_stores(pg_engine: Engine, pg_schema: str, clock: Clock) -> Iterator[StoreMaker]:
+    """``open_stores(n, busy_timeout_ms=1)``: ``n`` stores on one fresh schema, one connection each."""
+    opened: list[SchedulerStore] = []
+
+    def make(count: int, busy_timeout_ms: int = 1) -> list[SchedulerStore]:
+        stores = [
+            open_store(pg_engine, schema=pg_schema, clock=clock, busy_timeout_ms=busy_timeout_ms)
+            for _ in range(count)
+        ]
+        opened.extend(stores)
+        return stores
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def enqueue(store: SchedulerStore, count: int, *, job_id: str = "job-1", max_attempts: int = 3) -> list[str]:
+    """``count`` occurrences of one job, due one ms apart from ``T0 - count`` (the first is oldest)."""
+    store.create_job(id=job_id, kind="agenda", authority=AUTHORITY, max_attempts=max_attempts)
+    requests = [
+        {"job_id": job_id, "scheduled_for": T0 - count + i, "trigger_key": f"t{i:05d}"} for i in range(count)
+    ]
+    return [occurrence.id for occurrence in store.enqueue_many(requests)]
+
+
+@contextmanager
+def held(engine: Engine, schema: str, occurrence_ids: list[str]) -> Iterator[Connection]:
+    """Another transaction holding these occurrences' rows (``FOR UPDATE``) until the block ends."""
+    with engine.connect() as connection, connection.begin() as transaction:
+        connection.exec_driver_sql(
+            f'SELECT occurrence_id FROM "{schema}".occurrences WHERE occurrence_id = ANY(%(ids)s) FOR UPDATE',
+            {"ids": occurrence_ids},
+        ).all()
+        yield connection
+        transaction.rollback()
+
+
+MAX_LOCK_TIMEOUTS = 5
+"""Lock-timeout retries allowed in one run of the worker tests (see the module docstring)."""
+
+
+def retried(call: Callable[[], T], timeouts: list[int]) -> T:
+    """``call()``, again after each lock timeout (counted in ``timeouts``)."""
+    while True:
+        try:
+            return call()
+        except SchedulerKernelError as error:
+            if error.details.get("storageCode") != "55P03" or len(timeouts) > MAX_LOCK_TIMEOUTS:
+                raise
+            timeouts.append(1)
+
+
+def run_workers(open_stores: StoreMaker, count: int = WORKERS) -> list[str]:
+    """``count`` workers at once (one thread and store each) claiming and settling until nothing
+    is left; the errors they raised. Lock-timeout retries beyond ``MAX_LOCK_TIMEOUTS`` fail."""
+    stores = open_stores(count)
+    barrier = threading.Barrier(count)
+    failures: list[str] = []
+    timeouts: list[int] = []
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            work(stores[index], f"w{index}", index % 3, timeouts)
+        except SchedulerKernelError as error:
+            failures.append(f"{error.code} {error.details}")
+        except Exception:  # reported, so the assertion shows it
+            failures.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a worker did not finish"
+    assert len(timeouts) <= MAX_LOCK_TIMEOUTS, failures
+    return failures
+
+
+def work(store: SchedulerStore, owner: str, style: int, timeouts: list[int]) -> None:
+    """Claim and settle until nothing is left: two calls, one-commit cycles, or batches of 5."""
+    if style == 0:
+        while (
+            claimed := retried(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE), timeouts)
+        ) is not None:
+            settle = {
+                "occurrence_id": claimed.id,
+                "owner_id": owner,
+                "fence": claimed.fence,
+                "outcome": "succeeded",
+            }
+            retried(lambda settle=settle: store.settle(**settle), timeouts)
+    elif style == 1:
+        held_now = retried(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE), timeouts)
+        while held_now is not None:
+            cycle = {"occurrence_id": held_now.id, "owner_id": owner, "fence": held_now.fence}
+            held_now = retried(
+                lambda cycle=cycle: store.settle_and_claim(**cycle, outcome="succeeded", lease_ms=LEASE),
+                timeouts,
+            ).claimed
+    else:
+        while batch := retried(lambda: store.claim_batch(owner_id=owner, lease_ms=LEASE, limit=5), timeouts):
+            settlements = [
+                {"occurrence_id": one.id, "owner_id": owner, "fence": one.fence, "outcome": "succeeded"}
+                for one in batch
+            ]
+            retried(lambda settlements=settlements: store.settle_many(settlements), timeouts)
+
+
+def test_eight_workers_claim_every_occurrence_exactly_once_without_waiting(
+    open_stores: StoreMaker,
+) -> None:
+    (store,) = open_stores(1)
+    made = enqueue(store, 400)
+
+    assert run_workers(open_stores) == []
+
+    tables = dump_tables(store)
+    assert {row["occurrence_id"]: row["status"] for row in tables["occurrences"]} == dict.fromkeys(
+        made, "succeeded"
+    )
+    claims = Counter(
+        (row["occurrence_id"], row["fence"])
+        for row in tables["events"]
+        if row["event_type"] == "occurrence_claimed"
+    )
+    assert claims == Counter({(occurrence_id, 1): 1 for occurrence_id in made})
+    settled = Counter(
+        row["occurrence_id"] for row in tables["events"] if row["event_type"] == "occurrence_succeeded"
+    )
+    assert settled == Counter(made)
+    owners = {row["owner_id"] for row in tables["events"] if row["event_type"] == "occurrence_claimed"}
+    assert len(owners) > 1  # the workers really ran side by side
+
+
+def test_a_held_candidate_is_passed_over_at_once_and_claimable_once_released(
+    open_stores: StoreMaker, pg_engine: Engine, pg_schema: str
+) -> None:
+    (store,) = open_stores(1)
+    first, second, third = enqueue(store, 3)
+    with held(pg_engine, pg_schema, [first]):
+        claimed = store.claim_next(owner_id="w", lease_ms=LEASE)  # lock_timeout 1ms: no wait
+        assert claimed is not None and claimed.id == second
+    again = store.claim_next(owner_id="w", lease_ms=LEASE)
+    assert again is not None and again.id == first
+    last = store.claim_next(owner_id="w", lease_ms=LEASE)
+    assert last is not None and last.id == third
+
+
+def test_claims_read_past_every_candidate_others_hold(
+    open_stores: StoreMaker, pg_engine: Engine, pg_schema: str
+) -> None:
+    """More held rows than one read returns: the claim reads again instead of returning None."""
+    (store,) = open_stores(1)
+    made = enqueue(store, 40)
+    with held(pg_engine, pg_schema, made[:30]):
+        claimed = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert claimed is not None and claimed.id == made[30]
+        batch = store.claim_batch(owner_id="w", lease_ms=LEASE, limit=20)
+        assert [one.id for one in batch] == made[31:]
+        assert store.claim_next(owner_id="w", lease_ms=LEASE) is None  # only held rows are left
+    assert [one.id for one in store.claim_batch(owner_id="w", lease_ms=LEASE, limit=50)] == made[:30]
+
+
+def test_the_sweep_passes_over_held_rows_and_keeps_its_limit(
+    open_stores: StoreMaker, pg_engine: Engine, pg_schema: str, clock: Clock
+) -> None:
+    """Expired final attempts: the sweep dead-letters at most 100 per claim, skipping a held one."""
+    (store,) = open_stores(1)
+    made = enqueue(store, 130, max_attempts=1)
+    assert len(store.claim_batch(owner_id="old", lease_ms=1000, limit=130)) == 130
+    clock.now += 5000  # every lease expired, on its final attempt
+    first = min(made)  # the sweep's order: (lease_expires_at, occurrence_id), all leases alike
+    with held(pg_engine, pg_schema, [first]):
+        assert store.claim_next(owner_id="w", lease_ms=LEASE) is None
+        statuses = Counter(row["status"] for row in dump_tables(store)["occurrences"])
+        assert statuses == Counter({"dead_letter": 99, "running": 31})  # 100 tried, the held one passed over
+        assert store.claim_next(owner_id="w", lease_ms=LEASE) is None
+        rows = {row["occurrence_id"]: row["status"] for row in dump_tables(store)["occurrences"]}
+        assert rows[first] == "running"
+        assert Counter(rows.values()) == Counter({"dead_letter": 129, "running": 1})
+    assert store.claim_next(owner_id="w", lease_ms=LEASE) is None
+    assert {row["status"] for row in dump_tables(store)["occurrences"]} == {"dead_letter"}
+
+
+def test_eight_workers_sweep_and_claim_side_by_side(open_stores: StoreMaker, clock: Clock) -> None:
+    """Expired final attempts and queued work, 8 workers: each expired row swept exactly once."""
+    (store,) = open_stores(1)
+    expired = enqueue(store, 150, job_id="job-expired", max_attempts=1)
+    store.claim_batch(owner_id="old", lease_ms=1000, limit=150)
+    clock.now += 5000
+    queued = enqueue(store, 200, job_id="job-queued")
+
+    assert run_workers(open_stores) == []
+
+    tables = dump_tables(store)
+    status = {row["occurrence_id"]: row["status"] for row in tables["occurrences"]}
+    assert status == {**dict.fromkeys(expired, "dead_letter"), **dict.fromkeys(queued, "succeeded")}
+    swept = Counter(
+        row["occurrence_id"] for row in tables["events"] if row["event_type"] == "occurrence_dead_lettered"
+    )
+    assert swept == Counter(expired)
+    claimed = Counter(
+        row["occurrence_id"] for row in tables["events"] if row["event_type"] == "occurrence_claimed"
+    )
+    assert claimed == Counter(expired) + Counter(queued)
+
+
+def test_expired_leases_are_reclaimed_once_among_workers(open_stores: StoreMaker, clock: Clock) -> None:
+    (store,) = open_stores(1)
+    made = enqueue(store, 120)
+    store.claim_batch(owner_id="old", lease_ms=1000, limit=120)
+    clock.now += 5000
+
+    assert run_workers(open_stores) == []
+
+    events = dump_tables(store)["events"]
+    reclaimed = Counter(
+        (row["occurrence_id"], row["fence"]) for row in events if row["event_type"] == "occurrence_reclaimed"
+    )
+    assert reclaimed == Counter({(occurrence_id, 2): 1 for occurrence_id in made})
+
+
+def _lock_waiters(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(
+            connection.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ).scalar_one()
+        )
+
+
+def test_a_targeted_claim_waits_for_a_claim_in_flight_and_runs_after_it(
+    pg_engine: Engine, pg_schema: str, clock: Clock
+) -> None:
+    """``claim_occurrence`` of a row another worker holds waits (plain FOR UPDATE), then decides
+    on the row that worker left: claimed by it (None here) or released (claimed here)."""
+    store = open_store(pg_engine, schema=pg_schema, clock=clock, busy_timeout_ms=30_000)
+    other = open_store(pg_engine, schema=pg_schema, clock=clock, busy_timeout_ms=30_000)
+    try:
+        first, second = enqueue(store, 2)
+        results: list[Any] = []
+        with other.transaction() as tx:
+            taken = tx.claim_next(owner_id="other", lease_ms=LEASE)
+            assert taken is not None and taken.id == first
+            thread = threading.Thread(
+                target=lambda: results.append(
+                    store.claim_occurrence(occurrence_id=first, owner_id="w", lease_ms=LEASE)
+                )
+            )
+            thread.start()
+            while _lock_waiters(pg_engine) == 0:  # the targeted claim is waiting for the row
+                assert thread.is_alive(), results
+        thread.join(30)
+        assert results == [None]  # serially after the other claim: running under a live lease
+        with pg_engine.connect() as connection, connection.begin():
+            connection.exec_driver_sql(
+                f'SELECT 1 FROM "{pg_schema}".occurrences WHERE occurrence_id = %(id)s FOR UPDATE',
+                {"id": second},
+            ).all()
+            thread = threading.Thread(
+                target=lambda: results.append(
+                    store.claim_occurrence(occurrence_id=second, owner_id="w", lease_ms=LEASE)
+                )
+            )
+            thread.start()
+            while _lock_waiters(pg_engine) == 0:
+                assert thread.is_alive(), results
+        thread.join(30)
+        assert results[1] is not None and results[1].id == second and results[1].fence == 1
+    finally:
+        store.close()
+        other.close()
+
+
+def test_no_claim_statement_scans_the_occurrences_table(
+    open_stores: StoreMaker, pg_engine: Engine, pg_schema: str, clock: Clock
+) -> None:
+    """Claim cost does not grow with the queue: on 20k queued rows (analyzed) every statement of
+    the claim path reaches ``occurrences`` through an index (the bench measures 1k vs 1M)."""
+    (store,) = open_stores(1)
+    enqueue(store, 150)
+    store.claim_batch(owner_id="old", lease_ms=1000, limit=100)  # running rows, expired below
+    with pg_engine.begin() as connection:
+        fill_queue(connection, pg_schema, "job-1", 20_000, due_at=T0, prefix="deep")
+    now = T0 + 5000
+    keys = [("occ_bulk_deep_000000001", 0, "queued"), ("occ_bulk_deep_000000002", 0, "queued")]
+    ids = [key[0] for key in keys]
+    statements = {
+        "claim_next": (claim_query.claim_next_statement(claim_query.NO_FILTER), None),
+        "claim_next(job_kind)": (
+            claim_query.claim_next_statement(claim_query.ClaimFilter(("agenda",))),
+            None,
+        ),
+        "claim_occurrence": (
+            claim_query.CLAIM_OCCURRENCE,
+            {"now": now, "occurrence_id": ids[0], "expired_limit": 100},
+        ),
+        "lock candidates": (claim_locks.LOCK_CANDIDATES.statement, {"p_keys": keys}),
+        "lock expired": (claim_locks.LOCK_EXPIRED.statement, {"p_ids": ids, "p_now": now}),
+        "lock target": (claim_locks.LOCK_TARGET.statement, {"p_id": ids[0]}),
+        "re-read": (claim_query.LOCKED_ROWS.statement, {"p_ids": ids}),
+    }
+    with pg_engine.connect() as connection:
+        for name, (statement, params) in statements.items():
+            if params is None:
+                kinds = claim_query.ClaimFilter(("agenda",)) if "job_kind" in name else claim_query.NO_FILTER
+                params = claim_query.claim_next_params(now, 1 + CONTENDED_EXTRA, kinds)
+            nodes = [
+                node
+                for node in plan_nodes(explain(connection, pg_schema, statement, params))
+                if node.get("Relation Name") == "occurrences"
+            ]
+            assert nodes, name
+            assert all(node["Node Type"] != "Seq Scan" for node in nodes), (name, nodes)
+    claimed = store.claim_next(owner_id="w", lease_ms=LEASE)  # the oldest due row: the first bulk one
+    assert claimed is not None and claimed.id == "occ_bulk_deep_000000001"
