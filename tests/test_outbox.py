@@ -6,15 +6,18 @@
   ``busy_timeout``), readers stay deferred.
 * Load: 8 request threads enqueue inside their own ORM transactions (every tenth rolls back)
   while 2 worker processes claim and settle: 1,200 requests, zero failures, every committed
-  order has exactly one occurrence and every rolled-back one none.
+  order has exactly one occurrence and every rolled-back one none. On SQLite (the scheduler in
+  an attached database) and on PostgreSQL (the shop in ``public``, the scheduler in a schema).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from outbox_support import (
@@ -22,13 +25,15 @@ from outbox_support import (
     JOB_ID,
     Base,
     Order,
+    Request,
     committed_orders,
     occurrences_by_order,
     run_outbox_load,
     start_workers,
     stop_workers,
 )
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from scheduler import SchedulerKernelError, SchedulerStore, mark_writer, open_store, sqlite_engine
@@ -130,6 +135,33 @@ def test_sqlite_engine_refuses_bad_arguments(tmp_path: Path) -> None:
         assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
 
 
+def check_outbox_under_load(
+    request: Request, kernel: dict[str, Any], app_engine: Engine, stop: Path
+) -> None:
+    """Run the load (``THREADS`` request threads, 2 worker processes on ``kernel``, the arguments
+    of ``open_store``) and check every request's outcome in both the shop and the scheduler."""
+    workers = start_workers(2, kernel, stop)
+    started = time.monotonic()
+    try:
+        result = run_outbox_load(request, threads=THREADS, requests=REQUESTS)
+    finally:
+        elapsed = time.monotonic() - started
+        reports = stop_workers(workers, stop)
+    print(f"outbox load: {REQUESTS} requests in {elapsed:.1f} s ({REQUESTS / elapsed:.0f}/s)")
+    assert result.failures == []
+    assert len(result.committed) + len(result.rolled_back) == REQUESTS
+    with Session(app_engine) as session:
+        assert committed_orders(session) == result.committed
+    arguments = dict(kernel)
+    with open_store(arguments.pop("target"), **arguments) as store:
+        counts = occurrences_by_order(store, result.committed | result.rolled_back)
+    assert {order for order, n in counts.items() if n == 1} == result.committed
+    assert {order for order, n in counts.items() if n == 0} == result.rolled_back
+    assert [report["failures"] for report in reports] == [[], []]
+    assert sum(report["settled"] for report in reports) == len(result.committed)
+    assert Order.__tablename__ == "orders"
+
+
 def test_outbox_under_load_attached_sqlite(tmp_path: Path, kernel: Path) -> None:
     app = tmp_path / "app.sqlite"
     engine = sqlite_engine(app, attach={"kernel": kernel}, busy_timeout_ms=60_000)
@@ -141,21 +173,27 @@ def test_outbox_under_load_attached_sqlite(tmp_path: Path, kernel: Path) -> None
             mark_writer(session)
             yield session, SchedulerStore.on_connection(session.connection())
 
-    stop = tmp_path / "stop"
-    workers = start_workers(2, {"target": str(kernel)}, stop)
     try:
-        result = run_outbox_load(request, threads=THREADS, requests=REQUESTS)
+        check_outbox_under_load(request, {"target": str(kernel)}, engine, tmp_path / "stop")
     finally:
-        reports = stop_workers(workers, stop)
-    engine.dispose()
-    assert result.failures == []
-    assert len(result.committed) + len(result.rolled_back) == REQUESTS
-    with Session(sqlite_engine(app)) as session:
-        assert committed_orders(session) == result.committed
-    with open_store(kernel) as store:
-        counts = occurrences_by_order(store, result.committed | result.rolled_back)
-    assert {order for order, n in counts.items() if n == 1} == result.committed
-    assert {order for order, n in counts.items() if n == 0} == result.rolled_back
-    assert [report["failures"] for report in reports] == [[], []]
-    assert sum(report["settled"] for report in reports) == len(result.committed)
-    assert Order.__tablename__ == "orders"
+        engine.dispose()
+
+
+def test_outbox_under_load_postgresql(tmp_path: Path, pg_database: URL) -> None:
+    """The shop's tables in ``public``, the scheduler in its own schema of the same database."""
+    url = pg_database.render_as_string(hide_password=False)
+    kernel = {"target": url, "schema": "kernel"}
+    with open_store(url, schema="kernel") as store:
+        store.create_job(id=JOB_ID, kind="email", authority=AUTHORITY)
+    engine = create_engine(pg_database, pool_size=THREADS)
+    Base.metadata.create_all(engine)
+
+    @contextmanager
+    def request() -> Iterator[tuple[Session, SchedulerStore]]:
+        with Session(engine) as session, session.begin():
+            yield session, SchedulerStore.on_connection(session.connection(), schema="kernel")
+
+    try:
+        check_outbox_under_load(request, kernel, engine, tmp_path / "stop")
+    finally:
+        engine.dispose()
