@@ -6,7 +6,8 @@ sequence, and its result (``to_dict()``) or error code compared with the recorde
 the database is reopened and ``scheduler.testing.dump_tables`` is compared with ``final_dump``.
 
 Where the database lives is a :class:`ReplayBackend`; ``REPLAY_BACKENDS`` lists the ones the trace
-tests run on. A backend for another database adds itself there and gets every trace for free.
+tests run on: a SQLite file and a fresh PostgreSQL schema (event ids compared after dense
+renumbering, API §8). A backend for another database adds itself there and gets every trace for free.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from backends import SQLITE
+from backends import POSTGRESQL, SQLITE, PostgresServer, configured_url, unique_name
 from dump import HEADER, diff, dump
 from recorded import FIXTURES, UNDEFINED, Undefined, decode
 
@@ -85,7 +86,53 @@ class SqliteFileBackend:
         shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
-REPLAY_BACKENDS: dict[str, Callable[[Path], ReplayBackend]] = {SQLITE: SqliteFileBackend}
+class PostgresSchemaBackend:
+    """A fresh schema on the server of ``SCHEDULER_TEST_POSTGRES_URL``, dropped afterwards.
+
+    Created by the trace's own first ``open_store`` (so the ``migrations`` rows carry the trace's
+    clock, as in the recording). Compared as API §8 says: the recorded tables minus SQLite's
+    ``sqlite_sequence``, no SQLite header, and event ids renumbered densely in id order (PostgreSQL
+    may leave gaps after a rolled-back write). A trace that starts from a recorded SQLite file
+    (``initial_db``) is ``NotApplicable``: a PostgreSQL schema cannot start from a SQLite file's bytes.
+    """
+
+    def __init__(self, _directory: Path) -> None:
+        url = configured_url()
+        if url is None:
+            raise NotApplicable("no PostgreSQL server is configured")
+        self.server = PostgresServer(url)
+        self.schema = unique_name("t_replay")
+
+    def prepare(self, trace: dict[str, Any]) -> None:
+        if trace.get("initial_db"):
+            self.server.dispose()
+            raise NotApplicable(
+                f"the trace starts from the recorded SQLite file {trace['initial_db']}; "
+                "a PostgreSQL schema cannot start from a SQLite file's bytes"
+            )
+
+    def open(self, **options: Any) -> SchedulerStore:
+        return open_store(self.server.engine, schema=self.schema, **options)
+
+    def header(self) -> dict[str, Any]:
+        return {}
+
+    def expected_tables(self, tables: dict[str, Any]) -> dict[str, Any]:
+        return {name: rows for name, rows in tables.items() if name != "sqlite_sequence"}
+
+    def event_ranks(self, tables: dict[str, Any]) -> dict[int, int]:
+        ids = sorted(row["event_id"] for row in tables.get("events", []))
+        return {event_id: rank for rank, event_id in enumerate(ids, start=1)}
+
+    def cleanup(self) -> None:
+        self.server.drop_schema(self.schema)
+        self.server.dispose()
+
+
+REPLAY_BACKENDS: dict[str, Callable[[Path], ReplayBackend]] = {
+    SQLITE: SqliteFileBackend,
+    POSTGRESQL: PostgresSchemaBackend,
+}
 """Backend name (``backends.SQLITE`` / ``backends.POSTGRESQL``) → factory taking a private temporary
 directory. The trace tests run on each; ``conftest`` skips a ``postgresql`` one when no server is set."""
 

@@ -127,3 +127,18 @@ def examples(place: StorePlace, on_sqlite: int) -> int:
     if place.backend == SQLITE:
         return on_sqlite
     return max(1, on_sqlite // PG_EXAMPLES_DIVISOR)
+
+
+def in_transaction(connection: Any) -> bool:
+    """Whether a store's SQLAlchemy ``connection`` is inside a transaction right now.
+
+    SQLite: the driver's own flag (``BEGIN IMMEDIATE`` was sent, the write lock is held).
+    PostgreSQL: SQLAlchemy's transaction or the server's (psycopg sends ``BEGIN`` with the
+    transaction's first statement, so the server's alone says nothing before that statement).
+    """
+    dbapi = connection.connection.dbapi_connection
+    if isinstance(dbapi, sqlite3.Connection):
+        return dbapi.in_transaction
+    from psycopg.pq import TransactionStatus
+
+    return bool(connection.in_transaction() or dbapi.info.transaction_status != TransactionStatus.IDLE)

@@ -1,8 +1,7 @@
-"""Adjudication of outcome-unknown dead letters (schema v3) on real SQLite files."""
+"""Adjudication of outcome-unknown dead letters (schema v3), on both backends (``place``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from governance_support import (
     settle_succeeded,
 )
 from recorded import T0
+from store_places import StorePlace
 
 from scheduler import scheduler_adjudication_operator_digest, scheduler_adjudication_reason_digest
 from scheduler.store.adjudication import is_outcome_unknown_error
@@ -33,8 +33,8 @@ OPERATOR = scheduler_adjudication_operator_digest({"user": "ops-1", "host": "con
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Any:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Any:
+    with env_at(place) as environment:
         set_policy(environment)
         create_job(environment, "agenda-gov", max_attempts=3)
         yield environment

@@ -1,9 +1,8 @@
-"""Authority policies, budgets and reservations (schema v2) on real SQLite files."""
+"""Authority policies, budgets and reservations (schema v2), on both backends (``place``)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from governance_support import (
     settle_failed,
     settle_succeeded,
 )
+from store_places import StorePlace
 
 import scheduler.store.authority as authority_module
 from scheduler.contract.constants import MAX_AUTHORITY_WINDOW_MS
@@ -30,8 +30,8 @@ HOUR = 3_600_000
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Any:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Any:
+    with env_at(place) as environment:
         yield environment
 
 
@@ -524,8 +524,8 @@ def test_expired_final_attempt_without_adjudication_keeps_its_reservation(env: E
     assert env.store.get_authority_reservation(occurrence.id).status == "reserved"  # type: ignore[union-attr]
 
 
-def test_window_is_floor_of_now_over_window(tmp_path: Path) -> None:
-    with env_at(tmp_path, now=T0 + 59 * 60_000 + 59_999) as env:
+def test_window_is_floor_of_now_over_window(place: StorePlace) -> None:
+    with env_at(place, now=T0 + 59 * 60_000 + 59_999) as env:
         set_policy(env, window_ms=60_000)
         create_job(env, "agenda-budget")
         occurrence = running(env, "agenda-budget", "b1")

@@ -1,20 +1,20 @@
 """Claims, renewals, settlements and the expired-lease sweep (seed v6), including their bookkeeping
-on runtime controls, requeue requests, authority reservations and adjudications."""
+on runtime controls, requeue requests, authority reservations and adjudications. Every test runs
+on both backends (``place``)."""
 
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lifecycle_support import AUTHORITY, INVALID, T0, Env, env_at, expect_error
+from store_places import StorePlace, examples, in_transaction
 
-from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.contract.constants import MAX_SAFE_INTEGER
 from scheduler.store.records import Occurrence
 
@@ -26,8 +26,8 @@ LEASE_EXPIRED = {
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Iterator[Env]:
+    with env_at(place) as environment:
         environment.job("agenda-a", max_attempts=2)
         yield environment
 
@@ -390,7 +390,7 @@ def test_claim_occurrence_returns_none_for_an_expired_final_attempt_it_sweeps(en
 # ------------------------------------------------------------------------------ claim_batch
 
 
-def test_claim_batch_equals_successive_claim_next(tmp_path: Path) -> None:
+def test_claim_batch_equals_successive_claim_next(place: StorePlace) -> None:
     def build(env: Env) -> None:
         env.job("agenda-a", max_attempts=2)
         env.job("one-shot", max_attempts=1)
@@ -401,7 +401,7 @@ def test_claim_batch_equals_successive_claim_next(tmp_path: Path) -> None:
         env.running(trigger_key="reclaim-me", lease_ms=1000)
         env.tick(10_000)
 
-    with env_at(tmp_path, "batch.sqlite") as batch, env_at(tmp_path, "single.sqlite") as single:
+    with env_at(place.sibling("batch")) as batch, env_at(place.sibling("single")) as single:
         build(batch)
         build(single)
         claimed = batch.store.claim_batch(owner_id="w", lease_ms=LEASE, limit=5)
@@ -683,17 +683,17 @@ def test_settle_many_is_all_or_nothing_with_the_failing_index(env: Env) -> None:
 # ------------------------------------------------------------------------------ time
 
 
-def test_every_write_reads_the_clock_once_inside_its_transaction(tmp_path: Path) -> None:
+def test_every_write_reads_the_clock_once_inside_its_transaction(place: StorePlace) -> None:
     seen: list[bool] = []
     opened: dict[str, SchedulerStore] = {}
 
     def clock() -> int:
         store = opened.get("store")
         if store is not None:
-            seen.append(bool(store.connection.connection.dbapi_connection.in_transaction))  # type: ignore[union-attr]
+            seen.append(in_transaction(store.connection))
         return T0
 
-    store = open_store(tmp_path / "clock.sqlite", clock=clock)
+    store = place.open(clock=clock)
     opened["store"] = store
     try:
         store.create_job(id="agenda-a", kind="agenda", authority=AUTHORITY)
@@ -735,12 +735,15 @@ def settle_outcome(call: Any) -> Any:
         return (error.code, error.details)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(items=st.lists(SETTLEMENT, max_size=5))
-def test_settle_many_equals_successive_settles(items: list[dict[str, Any]]) -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        batch, single = Env(Path(directory) / "batch.sqlite"), Env(Path(directory) / "single.sqlite")
-        try:
+def test_settle_many_equals_successive_settles(place: StorePlace) -> None:
+    @settings(
+        max_examples=examples(place, 40),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(items=st.lists(SETTLEMENT, max_size=5))
+    def batch_equals_successive(items: list[dict[str, Any]]) -> None:
+        with env_at(place.sibling("batch")) as batch, env_at(place.sibling("single")) as single:
             running: list[Occurrence] = []
             for environment in (batch, single):
                 environment.job("agenda-a", max_attempts=2)
@@ -774,6 +777,5 @@ def test_settle_many_equals_successive_settles(items: list[dict[str, Any]]) -> N
 
             assert got == settle_outcome(sequential)
             assert batch.dump()["tables"] == single.dump()["tables"]
-        finally:
-            batch.store.close()
-            single.store.close()
+
+    batch_equals_successive()

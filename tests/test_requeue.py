@@ -1,8 +1,7 @@
-"""Dead-letter requeue (schema v6) on real SQLite files, end to end with claims."""
+"""Dead-letter requeue (schema v6), end to end with claims, on both backends (``place``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from governance_support import (
     settle_failed,
     settle_succeeded,
 )
+from store_places import StorePlace
 
 from scheduler.store.records import Occurrence
 
@@ -25,8 +25,8 @@ SYNC_FAILED = {"code": "COWORK_SYNC_FAILED", "httpStatus": 409}
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Any:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Any:
+    with env_at(place) as environment:
         create_job(environment, "cowork-sync", kind="cowork-cron", max_attempts=1)
         yield environment
 
@@ -128,8 +128,8 @@ def test_a_targeted_claim_consumes_the_request_once(env: Env) -> None:
     assert claim(env, dead.id, owner="w3").fence == 3
 
 
-def test_a_requeue_with_attempts_left_keeps_the_attempt_count(tmp_path: Path) -> None:
-    with env_at(tmp_path) as env:
+def test_a_requeue_with_attempts_left_keeps_the_attempt_count(place: StorePlace) -> None:
+    with env_at(place) as env:
         create_job(env, "cowork-sync", kind="cowork-cron", max_attempts=3)
         occurrence = running(env, "cowork-sync", "t1")
         dead = settle_failed(env, occurrence, SYNC_FAILED, retryable=False)

@@ -1,8 +1,7 @@
-"""Durable pause/resume with checkpoints (schema v6) on real SQLite files, end to end with leases."""
+"""Durable pause/resume with checkpoints (schema v6), end to end with leases, on both backends (``place``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from governance_support import (
     settle_failed,
     settle_succeeded,
 )
+from store_places import StorePlace
 
 from scheduler import scheduler_runtime_control_capability_digest
 from scheduler.contract.canonical import canonical_json, sha256_payload_digest
@@ -39,8 +39,8 @@ BEFORE_ONLY = {"pauseResume": "checkpoint_v1", "safePoints": ["before_execute"]}
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Any:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Any:
+    with env_at(place) as environment:
         create_job(environment, "agenda-pause", max_attempts=2)
         yield environment
 
@@ -452,8 +452,8 @@ def test_a_pending_pause_is_rebound_when_another_worker_reclaims(env: Env) -> No
     assert ack(env, reclaimed).control.state == "paused"
 
 
-def test_controls_exempt_final_attempts_from_the_expired_lease_sweep(tmp_path: Path) -> None:
-    with env_at(tmp_path) as env:
+def test_controls_exempt_final_attempts_from_the_expired_lease_sweep(place: StorePlace) -> None:
+    with env_at(place) as env:
         create_job(env, "agenda-once", max_attempts=1)
         pending = running(env, "agenda-once", "pending", lease_ms=60_000)
         request_pause(env, pending, "pause-pending")

@@ -4,21 +4,26 @@ The equivalence property runs on the claim-equivalence harness's randomized stat
 ``settle_and_claim`` must leave exactly the database (and return exactly the records) that
 ``settle`` then ``claim_next`` leave inside one ``store.transaction()`` block, including when
 either half fails (then nothing at all is written).
+
+Every test runs on both backends (``place``) except that property, which uses the
+claim-equivalence harness's raw SQLite states (``test_claim_equivalence``): SQLite only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
+from backends import SQLITE
 from hypothesis import event as note
 from hypothesis import given
 from hypothesis import strategies as st
 from lifecycle_support import INVALID, T0, Env, env_at, expect_error
 from sqlalchemy.exc import IntegrityError
+from store_places import StorePlace
 from test_claim_equivalence import (
     EQUIVALENCE,
     FILTERS,
@@ -34,8 +39,8 @@ from scheduler import SchedulerKernelError, SchedulerStore, SettledAndClaimed, o
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    with env_at(tmp_path) as opened:
+def env(place: StorePlace) -> Iterator[Env]:
+    with env_at(place) as opened:
         yield opened
 
 
@@ -80,24 +85,48 @@ def test_nothing_left_to_claim_returns_none(env: Env) -> None:
     assert outcome.claimed is None
 
 
+@contextmanager
+def refused_claims(env: Env) -> Iterator[None]:
+    """A trigger that makes every claim UPDATE fail ('claim refused') while the block runs.
+
+    SQLite: a TEMP trigger on the store's own connection (not part of the stored catalog).
+    PostgreSQL: a trigger and its function in the store's schema, dropped afterwards.
+    """
+    if env.place.backend == SQLITE:
+        dbapi: Any = env.store.connection.connection.dbapi_connection
+        dbapi.execute(
+            "CREATE TEMP TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON main.occurrences "
+            "WHEN NEW.lease_owner IS NOT NULL BEGIN SELECT RAISE(ABORT, 'claim refused'); END"
+        )
+        try:
+            yield
+        finally:
+            dbapi.execute("DROP TRIGGER refuse_claim")
+        return
+    env.sql(
+        "CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'claim refused'; END $$"
+    )
+    env.sql(
+        "CREATE TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON occurrences FOR EACH ROW "
+        "WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION refuse_claim()"
+    )
+    try:
+        yield
+    finally:
+        env.sql("DROP TRIGGER refuse_claim ON occurrences")
+        env.sql("DROP FUNCTION refuse_claim()")
+
+
 def test_a_failed_claim_half_writes_nothing(env: Env) -> None:
     env.job()
     held = env.running(trigger_key="t1")
     other = env.enqueue(trigger_key="t2")
     before = env.dump()
-    dbapi: Any = env.store.connection.connection.dbapi_connection
-    # A TEMP trigger (not part of the stored catalog) makes the claim UPDATE fail after the settle.
-    dbapi.execute(
-        "CREATE TEMP TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON main.occurrences "
-        "WHEN NEW.lease_owner IS NOT NULL BEGIN SELECT RAISE(ABORT, 'claim refused'); END"
-    )
-    try:
-        with pytest.raises(Exception, match="claim refused"):
-            env.store.settle_and_claim(
-                occurrence_id=held.id, owner_id="w1", fence=held.fence, outcome="succeeded", lease_ms=1000
-            )
-    finally:
-        dbapi.execute("DROP TRIGGER refuse_claim")
+    with refused_claims(env), pytest.raises(Exception, match="claim refused"):
+        env.store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w1", fence=held.fence, outcome="succeeded", lease_ms=1000
+        )
     assert env.dump() == before
     # The lease is still held: the same call now succeeds.
     outcome = env.store.settle_and_claim(

@@ -1,23 +1,25 @@
-"""Write transactions: one BEGIN IMMEDIATE per write, store.transaction(), and the caller-owned
-transaction of SchedulerStore.on_connection (transactional outbox)."""
+"""Write transactions: one transaction per write (BEGIN IMMEDIATE on SQLite), store.transaction(),
+and the caller-owned transaction of SchedulerStore.on_connection (transactional outbox), on both
+backends (``place``). On PostgreSQL the application's table lives in a schema of its own."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from backends import SQLITE, unique_name
 from lifecycle_support import AUTHORITY, T0, Env, env_at, expect_error
-from sqlalchemy import Connection, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from store_places import PostgresSchemaPlace, StorePlace, in_transaction
 
-from scheduler import SchedulerStore, open_store
+from scheduler import SchedulerStore
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    with env_at(tmp_path) as environment:
+def env(place: StorePlace) -> Iterator[Env]:
+    with env_at(place) as environment:
         environment.job("agenda-a")
         yield environment
 
@@ -36,7 +38,8 @@ def statements_of(connection: Connection, call: Any) -> list[str]:
     return seen
 
 
-def test_every_lifecycle_write_is_one_begin_immediate(env: Env) -> None:
+def test_every_lifecycle_write_is_one_transaction(env: Env) -> None:
+    """One COMMIT per write, no savepoint; on SQLite one BEGIN IMMEDIATE, and reads a plain BEGIN."""
     store = env.store
     connection = store.connection
     commits: list[int] = []
@@ -54,13 +57,17 @@ def test_every_lifecycle_write_is_one_begin_immediate(env: Env) -> None:
         lambda: store.claim_next(owner_id="w", lease_ms=60_000),
         lambda: store.claim_batch(owner_id="w", lease_ms=60_000, limit=5),
     ]
+    on_sqlite = env.place.backend == SQLITE
     for call in calls:
         commits.clear()
         seen = statements_of(connection, call)
-        assert seen[0] == "BEGIN IMMEDIATE"
-        assert seen.count("BEGIN IMMEDIATE") == 1
+        if on_sqlite:  # PostgreSQL's BEGIN is the driver's, not a statement
+            assert seen[0] == "BEGIN IMMEDIATE"
+            assert seen.count("BEGIN IMMEDIATE") == 1
         assert not any(s.startswith(("BEGIN", "COMMIT", "SAVEPOINT")) for s in seen[1:])
         assert commits == [1]
+    if not on_sqlite:
+        return
     for read in (
         lambda: store.history(),
         lambda: store.list_dead_letters(),
@@ -87,7 +94,7 @@ def test_a_failed_write_leaves_nothing_behind(env: Env) -> None:
         ),
     )
     assert env.dump() == before
-    assert env.store.connection.connection.dbapi_connection.in_transaction is False  # type: ignore[union-attr]
+    assert not in_transaction(env.store.connection)
 
 
 def test_store_transaction_commits_together(env: Env) -> None:
@@ -123,61 +130,80 @@ def test_failed_call_inside_store_transaction_keeps_earlier_calls(env: Env) -> N
     assert len(env.rows("occurrences")) == 1
 
 
+@dataclass(frozen=True)
+class Outbox:
+    """The scheduler's tables in ``place`` and the application's ``orders`` table next to them
+    (SQLite: the same file; PostgreSQL: the same database, another schema), and an engine on
+    that database for the application's own transactions."""
+
+    place: StorePlace
+    engine: Engine
+    orders: str
+
+    def count(self, table: str) -> int:
+        """Rows of a scheduler table, read on a second connection."""
+        return int(self.place.sql(f"SELECT count(*) FROM {table}")[0][0])
+
+    def orders_count(self) -> int:
+        with self.engine.connect() as connection:
+            return int(connection.execute(text(f"SELECT count(*) FROM {self.orders}")).scalar_one())
+
+    def store_on(self, connection: Connection) -> SchedulerStore:
+        schema = self.place.schema if isinstance(self.place, PostgresSchemaPlace) else "main"
+        return SchedulerStore.on_connection(connection, schema=schema, clock=lambda: T0 + 5)
+
+
 @pytest.fixture
-def outbox(tmp_path: Path) -> Iterator[tuple[Path, Any]]:
-    path = tmp_path / "outbox.sqlite"
-    opened = open_store(path, clock=lambda: T0)
-    opened.create_job(id="agenda-a", kind="agenda", authority=AUTHORITY)
-    opened.close()
-    engine = create_engine(f"sqlite:///{path}")
+def outbox(place: StorePlace) -> Iterator[Outbox]:
+    with place.open(clock=lambda: T0) as opened:
+        opened.create_job(id="agenda-a", kind="agenda", authority=AUTHORITY)
+    if isinstance(place, PostgresSchemaPlace):
+        app = unique_name("t_app")
+        engine, orders = place.server.engine, f'"{app}".app_orders'
+        with engine.begin() as connection:
+            connection.execute(text(f'CREATE SCHEMA "{app}"'))
+            connection.execute(text(f"CREATE TABLE {orders} (id SERIAL PRIMARY KEY, note TEXT NOT NULL)"))
+        yield Outbox(place, engine, orders)
+        place.server.drop_schema(app)
+        return
+    engine = create_engine(f"sqlite:///{place.path}")
     with engine.begin() as connection:
         connection.execute(text("CREATE TABLE app_orders (id INTEGER PRIMARY KEY, note TEXT NOT NULL)"))
     try:
-        yield path, engine
+        yield Outbox(place, engine, "app_orders")
     finally:
         engine.dispose()
 
 
-def count(path: Path, table: str) -> int:
-    connection = sqlite3.connect(path)
-    try:
-        return int(connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-    finally:
-        connection.close()
-
-
-def test_on_connection_commits_with_the_callers_transaction(outbox: tuple[Path, Any]) -> None:
-    path, engine = outbox
-    with engine.begin() as connection:
-        connection.execute(text("INSERT INTO app_orders (note) VALUES ('paid')"))
-        store = SchedulerStore.on_connection(connection, clock=lambda: T0 + 5)
+def test_on_connection_commits_with_the_callers_transaction(outbox: Outbox) -> None:
+    with outbox.engine.begin() as connection:
+        connection.execute(text(f"INSERT INTO {outbox.orders} (note) VALUES ('paid')"))
+        store = outbox.store_on(connection)
         occurrence = store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="order-1")
         claimed = store.claim_next(owner_id="w", lease_ms=1000)
         assert claimed is not None and claimed.id == occurrence.id
-        assert count(path, "occurrences") == 0  # the store did not commit the caller's transaction
+        assert outbox.count("occurrences") == 0  # the store did not commit the caller's transaction
         assert connection.in_transaction()
-    assert count(path, "app_orders") == 1
-    assert count(path, "occurrences") == 1
-    assert count(path, "events") == 3  # job_created, occurrence_enqueued, occurrence_claimed
+    assert outbox.orders_count() == 1
+    assert outbox.count("occurrences") == 1
+    assert outbox.count("events") == 3  # job_created, occurrence_enqueued, occurrence_claimed
 
 
-def test_on_connection_rolls_back_with_the_callers_transaction(outbox: tuple[Path, Any]) -> None:
-    path, engine = outbox
-    with pytest.raises(RuntimeError), engine.begin() as connection:
-        connection.execute(text("INSERT INTO app_orders (note) VALUES ('paid')"))
-        store = SchedulerStore.on_connection(connection, clock=lambda: T0 + 5)
+def test_on_connection_rolls_back_with_the_callers_transaction(outbox: Outbox) -> None:
+    with pytest.raises(RuntimeError), outbox.engine.begin() as connection:
+        connection.execute(text(f"INSERT INTO {outbox.orders} (note) VALUES ('paid')"))
+        store = outbox.store_on(connection)
         store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="order-1")
         raise RuntimeError("the application changed its mind")
-    assert count(path, "app_orders") == 0
-    assert count(path, "occurrences") == 0
-    assert count(path, "events") == 1
+    assert outbox.orders_count() == 0
+    assert outbox.count("occurrences") == 0
+    assert outbox.count("events") == 1
 
 
-def test_on_connection_failed_call_leaves_the_callers_work_intact(outbox: tuple[Path, Any]) -> None:
-    path, engine = outbox
-    with engine.begin() as connection:
-        connection.execute(text("INSERT INTO app_orders (note) VALUES ('paid')"))
-        store = SchedulerStore.on_connection(connection, clock=lambda: T0 + 5)
+def test_on_connection_failed_call_leaves_the_callers_work_intact(outbox: Outbox) -> None:
+    with outbox.engine.begin() as connection:
+        connection.execute(text(f"INSERT INTO {outbox.orders} (note) VALUES ('paid')"))
+        store = outbox.store_on(connection)
         store.enqueue_occurrence(job_id="agenda-a", scheduled_for=T0, trigger_key="order-1", payload={"v": 1})
         expect_error(
             "SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH",
@@ -193,6 +219,6 @@ def test_on_connection_failed_call_leaves_the_callers_work_intact(outbox: tuple[
                 ]
             ),
         )
-        connection.execute(text("INSERT INTO app_orders (note) VALUES ('second')"))
-    assert count(path, "app_orders") == 2
-    assert count(path, "occurrences") == 1  # order-2 was rolled back with its batch
+        connection.execute(text(f"INSERT INTO {outbox.orders} (note) VALUES ('second')"))
+    assert outbox.orders_count() == 2
+    assert outbox.count("occurrences") == 1  # order-2 was rolled back with its batch
