@@ -4,37 +4,46 @@ Randomized histories (dead letters of several jobs, ties on ``settled_at``, outc
 codes, adjudicated cases, requeued and dead-lettered again) with a clock that never goes
 backwards: the results must be exactly the seed's queries' (``ORDER BY settled_at DESC,
 occurrence_id``), with the walk's budget and page margin shrunk so that paging, tie completion
-and the fallback to the seed's query all run.
+and the fallback to the seed's query all run. On both backends (``place``; on PostgreSQL the
+seed's ``GLOB`` is spelled as the equivalent regular expression).
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from backends import POSTGRESQL, SQLITE
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from store_places import StorePlace, examples
 
-from scheduler import SchedulerStore, open_store
+from scheduler import SchedulerStore
 from scheduler.store import dead_letters
 
 T0 = 1767225600000
 AUTHORITY = {"principal": {"type": "user", "id": "u"}}
-SEED_DEAD_LETTERS = (
-    "SELECT occurrence_id FROM occurrences WHERE status = 'dead_letter' AND (? IS NULL OR job_id = ?) "
-    "ORDER BY settled_at DESC, occurrence_id LIMIT ?"
+SEED_DEAD_LETTERS = (  # the seed's query (the parameter typed, which PostgreSQL needs)
+    "SELECT occurrence_id FROM occurrences WHERE status = 'dead_letter' "
+    "AND (CAST(? AS TEXT) IS NULL OR job_id = ?) ORDER BY settled_at DESC, occurrence_id LIMIT ?"
 )
 SEED_CANDIDATES = """
     SELECT o.occurrence_id FROM occurrences o
     LEFT JOIN scheduler_occurrence_adjudications a ON a.occurrence_id = o.occurrence_id
     WHERE o.status = 'dead_letter' AND a.occurrence_id IS NULL
-      AND json_extract(o.last_error_json, '$.code') GLOB '*_OUTCOME_UNKNOWN'
+      AND {outcome_unknown}
     ORDER BY o.settled_at DESC, o.occurrence_id LIMIT 1000
 """
+OUTCOME_UNKNOWN = {  # the seed's GLOB, and the same test on PostgreSQL
+    SQLITE: "json_extract(o.last_error_json, '$.code') GLOB '*_OUTCOME_UNKNOWN'",
+    POSTGRESQL: "(CAST(o.last_error_json AS json) ->> 'code') ~ '^.*_OUTCOME_UNKNOWN$'",
+}
+
+
+def seed_candidates(place: StorePlace) -> list[str]:
+    query = SEED_CANDIDATES.format(outcome_unknown=OUTCOME_UNKNOWN[place.backend])
+    return [row[0] for row in place.sql(query)]
 
 
 class Clock:
@@ -43,11 +52,6 @@ class Clock:
 
     def __call__(self) -> int:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def opened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Clock]]:
-    yield tmp_path_factory.mktemp("dead-letters"), Clock()
 
 
 STEP = st.tuples(
@@ -99,28 +103,34 @@ def build(store: SchedulerStore, clock: Clock, steps: list[tuple[str, str, int, 
             )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    steps=st.lists(STEP, min_size=1, max_size=10),
-    limit=st.integers(1, 6),
-    job=st.sampled_from([None, "a", "b"]),
-    bounds=st.sampled_from([(10_000, 16), (10_000, 0), (3, 0), (8, 1), (1, 0)]),
-)
-def test_dead_letter_listings_match_the_seed(
-    opened: tuple[Path, Clock], steps: Any, limit: int, job: str | None, bounds: tuple[int, int]
+LISTINGS = {
+    "steps": st.lists(STEP, min_size=1, max_size=10),
+    "limit": st.integers(1, 6),
+    "job": st.sampled_from([None, "a", "b"]),
+    "bounds": st.sampled_from([(10_000, 16), (10_000, 0), (3, 0), (8, 1), (1, 0)]),
+}
+
+
+def test_dead_letter_listings_match_the_seed(place: StorePlace) -> None:
+    @settings(max_examples=examples(place, 60), deadline=None)
+    @given(**LISTINGS)
+    def listings_match(steps: Any, limit: int, job: str | None, bounds: tuple[int, int]) -> None:
+        listings_match_the_seed(place.sibling("dl"), steps, limit, job, bounds)
+
+    listings_match()
+
+
+def listings_match_the_seed(
+    place: StorePlace, steps: Any, limit: int, job: str | None, bounds: tuple[int, int]
 ) -> None:
-    directory, clock = opened
-    path = directory / f"dl-{abs(hash((tuple(steps), limit, job, bounds)))}.sqlite"
-    clock.now = T0 + 10_000
-    store = open_store(path, clock=clock)
+    clock = Clock()
+    store = place.open(clock=clock)
     try:
         for job_id in ("a", "b"):
             store.create_job(id=job_id, kind=job_id, authority=AUTHORITY, max_attempts=1)
         build(store, clock, steps)
-        raw = sqlite3.connect(path)
-        expected = [row[0] for row in raw.execute(SEED_DEAD_LETTERS, (job, job, limit))]
-        candidates = [row[0] for row in raw.execute(SEED_CANDIDATES)]
-        raw.close()
+        expected = [row[0] for row in place.sql(SEED_DEAD_LETTERS, (job, job, limit))]
+        candidates = seed_candidates(place)
         eligible = [case for case in map(store.get_adjudication_case, candidates) if case and case.eligible]
         budget, margin = bounds
         with (
@@ -133,20 +143,17 @@ def test_dead_letter_listings_match_the_seed(
         assert cases == eligible[:limit]
     finally:
         store.close()
-        path.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3])
-def test_ties_on_settled_at_are_completed_across_pages(tmp_path: Path, limit: int) -> None:
+def test_ties_on_settled_at_are_completed_across_pages(place: StorePlace, limit: int) -> None:
     clock = Clock()
-    store = open_store(tmp_path / "ties.sqlite", clock=clock)
+    store = place.open(clock=clock)
     try:
         for job_id in ("a", "b"):
             store.create_job(id=job_id, kind=job_id, authority=AUTHORITY, max_attempts=1)
         build(store, clock, [("a", "boom", 0, "none")] * 5)  # five dead letters in one millisecond
-        raw = sqlite3.connect(tmp_path / "ties.sqlite")
-        expected = [row[0] for row in raw.execute(SEED_DEAD_LETTERS, (None, None, limit))]
-        raw.close()
+        expected = [row[0] for row in place.sql(SEED_DEAD_LETTERS, (None, None, limit))]
         with patch.object(dead_letters, "PAGE_MARGIN", 0):
             assert [occurrence.id for occurrence in store.list_dead_letters(limit=limit)] == expected
     finally:
