@@ -4,7 +4,8 @@ Rule: a string the store keeps as a column value or looks rows up by (every iden
 and the identifier fields of authority envelopes, principals, capability lists and migration plans)
 must not hold U+0000 or a surrogate code point; such a string is ``SCHEDULER_INVALID_ARGUMENT``
 before anything is read or written. Strings inside JSON values stay accepted and come back exactly.
-The pure functions keep the recorded behaviour (tests/test_contract_vectors.py).
+The pure functions keep the recorded behaviour (tests/test_contract_vectors.py). Every test with a
+store runs on both backends (``place``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from recorded import T0
+from store_places import StorePlace, examples
 
-from scheduler import SchedulerKernelError, SchedulerStore, derive_occurrence_identity, open_store
+from scheduler import SchedulerKernelError, SchedulerStore, derive_occurrence_identity
 from scheduler.contract.scalars import JS_WHITESPACE
 from scheduler.testing import dump_tables
 
@@ -38,8 +39,8 @@ def principal_authority(principal_id: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SchedulerStore]:
-    with open_store(tmp_path / "kernel.sqlite", clock=lambda: T0) as opened:
+def store(place: StorePlace) -> Iterator[SchedulerStore]:
+    with place.open(clock=lambda: T0) as opened:
         opened.create_job(id="job-a", kind="agenda", authority=AUTHORITY)
         yield opened
 
@@ -527,10 +528,10 @@ def expected_key(value: str, max_length: int) -> str | None:
     return trimmed if trimmed and units <= max_length and not control and not surrogate else None
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SchedulerStore, dict[str, Any]]]:
+@pytest.fixture
+def world(place: StorePlace) -> Iterator[tuple[SchedulerStore, dict[str, Any]]]:
     """A store with a job, a policy, a queued and a running occurrence and a prepared migration."""
-    store = open_store(tmp_path_factory.mktemp("hostile") / "kernel.sqlite", clock=lambda: T0)
+    store = place.open(clock=lambda: T0)
     store.create_job(id="job-a", kind="agenda", authority=AUTHORITY)
     store.ensure_authority_policy(AUTHORITY)
     queued = store.enqueue_occurrence(job_id="job-a", scheduled_for=T0 + 10**9, trigger_key="queued")
@@ -549,14 +550,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SchedulerS
     store.close()
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
-@given(data=st.data(), text=hostile_text)
 def test_hostile_text_in_any_method_gives_a_documented_outcome_and_a_refusal_writes_nothing(
+    world: tuple[SchedulerStore, dict[str, Any]], place: StorePlace
+) -> None:
+    @settings(max_examples=examples(place, 300), deadline=None, database=None)
+    @given(data=st.data(), text=hostile_text)
+    def hostile_call(data: st.DataObject, text: str) -> None:
+        hostile_text_gives_a_documented_outcome(world, data, text)
+
+    hostile_call()
+
+
+def hostile_text_gives_a_documented_outcome(
     world: tuple[SchedulerStore, dict[str, Any]], data: st.DataObject, text: str
 ) -> None:
     store, state = world
