@@ -114,3 +114,16 @@ def test_another_driver_is_a_usage_error(pg_schema: str) -> None:
     result = invoke(*at("postgresql+asyncpg://localhost/x", pg_schema, "jobs", "list"), "--json")
     assert result.exit_code == 2
     assert "psycopg" in result.stdout
+
+
+def test_demo_runs_in_the_schema_and_never_prints_a_password(
+    pg_engine: Engine, pg_schema: str
+) -> None:
+    with_password = pg_engine.url.set(password="not-printed").render_as_string(hide_password=False)
+    assert invoke(*at(with_password, pg_schema, "jobs", "list")).exit_code == 1  # no schema yet
+    url = pg_engine.url.render_as_string(hide_password=False)
+    report = run_json(*at(url, pg_schema, "demo"))
+    assert report["database"].endswith(f"(schema {pg_schema})") and report["complete"] is True
+    assert run_json(*at(url, pg_schema, "jobs", "list"))["count"] == 1
+    text_output = invoke(*at(with_password, pg_schema, "demo")).stdout
+    assert "not-printed" not in text_output

@@ -218,6 +218,13 @@ def database_file(target: str) -> Path:
     return Path(str(database)).expanduser().resolve()
 
 
+def describe_target(target: str) -> str:
+    """A database as output names it: a PostgreSQL URL without its password, with the schema."""
+    if pg_target.is_postgresql(target):
+        return pg_target.label(make_url(target), resolve_schema() or "scheduler")
+    return target
+
+
 def require_database(db: str | None) -> None:
     """A write command acts on an existing database: it never creates one (exit 1 otherwise)."""
     target = resolve_target(db)

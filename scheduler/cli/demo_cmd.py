@@ -11,6 +11,7 @@ from scheduler.cli.common import (
     command,
     compact,
     console,
+    describe_target,
     emit_json,
     fmt_ms,
     new_table,
@@ -71,10 +72,10 @@ def demo_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     with write_store(target) as store:
         report = run_demo(store)
     if as_json:
-        emit_json({"database": target, **report.to_dict()})
+        emit_json({"database": describe_target(target), **report.to_dict()})
         return
     out = console()
-    out.print(f"database: {target}", markup=False)
+    out.print(f"database: {describe_target(target)}", markup=False)
     out.print(
         f"job: {report.job.id} (kind {report.job.kind}, max attempts {report.job.max_attempts})", markup=False
     )
