@@ -2,12 +2,12 @@
 
 A property test over authority, adjudication, runtime-control and requeue methods: one argument of an
 otherwise valid call is replaced by an invalid value, and a dump of the database must not change.
+On both backends (``place``).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ from governance_support import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_places import StorePlace, examples
 
 from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.contract.canonical import sha256_payload_digest
@@ -222,10 +223,10 @@ POSITIONAL = {
 }
 
 
-@pytest.fixture(scope="module")
-def governed(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture
+def governed(place: StorePlace) -> Any:
     """A store holding one of everything, and valid arguments that would change it."""
-    with env_at(tmp_path_factory.mktemp("governed")) as env:
+    with env_at(place) as env:
         set_policy(env)
         create_job(env, "agenda-pause", max_attempts=2)
         reserved = running(env, "agenda-pause", "reserved")
@@ -308,9 +309,20 @@ def _call(store: SchedulerStore, method: str, arguments: dict[str, Any]) -> Any:
     return function(**arguments)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_invalid_arguments_are_rejected_and_nothing_is_written(governed: Any, data: st.DataObject) -> None:
+def test_invalid_arguments_are_rejected_and_nothing_is_written(governed: Any) -> None:
+    @settings(
+        max_examples=examples(governed[0].place, 400),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(data=st.data())
+    def one_invalid_argument(data: st.DataObject) -> None:
+        invalid_argument_is_rejected(governed, data)
+
+    one_invalid_argument()
+
+
+def invalid_argument_is_rejected(governed: Any, data: st.DataObject) -> None:
     env, valid = governed
     method = data.draw(st.sampled_from(sorted(INVALID_VALUES)), label="method")
     parameter = data.draw(st.sampled_from(sorted(INVALID_VALUES[method])), label="parameter")
@@ -338,9 +350,9 @@ READS = frozenset(
 )
 
 
-def test_validation_precedes_the_closed_store_check_except_in_reads(governed: Any, tmp_path: Path) -> None:
-    _, valid = governed
-    with env_at(tmp_path) as closed_env:
+def test_validation_precedes_the_closed_store_check_except_in_reads(governed: Any) -> None:
+    env, valid = governed
+    with env_at(env.place.sibling("closed")) as closed_env:
         closed = closed_env.store
         closed.close()
         for method, arguments in valid.items():
