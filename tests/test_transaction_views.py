@@ -4,6 +4,7 @@ A view kept after its block raises SCHEDULER_STORE_CLOSED (reason "transaction_f
 writes nothing; the outer store called (or closed) inside its own block on the same thread raises
 SCHEDULER_TRANSACTION_ACTIVE; another thread calling the outer store during a block waits for it.
 The property test drives every public store method through a stale view and the outer store.
+Every test runs on both backends (``place``).
 """
 
 from __future__ import annotations
@@ -12,23 +13,30 @@ import inspect
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hardening_support import AUTHORITY, T0, expect_code, new_store, raw_rows
+from hardening_support import AUTHORITY, T0, expect_code
 from sqlalchemy import create_engine
+from store_places import PostgresSchemaPlace, StorePlace
 
-from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler import SchedulerKernelError, SchedulerStore
 
 CLOSED = "SCHEDULER_STORE_CLOSED"
 ACTIVE = "SCHEDULER_TRANSACTION_ACTIVE"
 
 
-def counts(path: Path) -> tuple[int, int]:
-    occurrences = raw_rows(path, "SELECT count(*) FROM occurrences")[0][0]
-    events = raw_rows(path, "SELECT count(*) FROM events")[0][0]
+def counts(place: StorePlace) -> tuple[int, int]:
+    occurrences = place.sql("SELECT count(*) FROM occurrences")[0][0]
+    events = place.sql("SELECT count(*) FROM events")[0][0]
     return occurrences, events
+
+
+def new_store(place: StorePlace) -> SchedulerStore:
+    """A v6 store with one job ``job-a`` and a fixed clock."""
+    store = place.open(clock=lambda: T0)
+    store.create_job(id="job-a", kind="agenda", authority=AUTHORITY)
+    return store
 
 
 def enqueue(store: SchedulerStore, key: str) -> Any:
@@ -36,9 +44,8 @@ def enqueue(store: SchedulerStore, key: str) -> Any:
 
 
 @pytest.mark.parametrize("block_outcome", ["committed", "rolled_back"])
-def test_a_view_used_after_its_block_writes_nothing(tmp_path: Path, block_outcome: str) -> None:
-    path = tmp_path / "k.sqlite"
-    store = new_store(path)
+def test_a_view_used_after_its_block_writes_nothing(place: StorePlace, block_outcome: str) -> None:
+    store = new_store(place)
     kept: list[SchedulerStore] = []
     try:
         with store.transaction() as tx:
@@ -48,25 +55,24 @@ def test_a_view_used_after_its_block_writes_nothing(tmp_path: Path, block_outcom
                 raise RuntimeError("the application gives up")
     except RuntimeError:
         pass
-    before = counts(path)
+    before = counts(place)
     error = expect_code(CLOSED, lambda: enqueue(kept[0], "late"))
     assert error.details == {"reason": "transaction_finished"}
     expect_code(CLOSED, lambda: kept[0].get_job("job-a"))
     assert kept[0].closed
-    assert counts(path) == before
+    assert counts(place) == before
     # the write lock is free: another store writes at once, and this store keeps working
-    other = open_store(path, clock=lambda: T0, busy_timeout_ms=0)
+    other = place.open(clock=lambda: T0, busy_timeout_ms=0)
     assert enqueue(other, "other").deduplicated is False
     other.close()
     assert enqueue(store, "after").deduplicated is False
     store.close()
-    occurrences, _ = counts(path)
+    occurrences, _ = counts(place)
     assert occurrences == before[0] + 2  # nothing acknowledged was lost at close()
 
 
-def test_the_outer_store_inside_its_own_block_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "k.sqlite"
-    store = new_store(path)
+def test_the_outer_store_inside_its_own_block_is_refused(place: StorePlace) -> None:
+    store = new_store(place)
     with store.transaction() as tx:
         enqueue(tx, "kept")
         expect_code(ACTIVE, lambda: enqueue(store, "outer"))
@@ -78,15 +84,14 @@ def test_the_outer_store_inside_its_own_block_is_refused(tmp_path: Path) -> None
         expect_code(ACTIVE, store.close)
         assert not store.closed
         enqueue(tx, "kept-too")  # the block itself is unharmed
-    keys = raw_rows(path, "SELECT trigger_key FROM occurrences ORDER BY trigger_key")
+    keys = place.sql("SELECT trigger_key FROM occurrences ORDER BY trigger_key")
     assert keys == [("kept",), ("kept-too",)]
     assert enqueue(store, "after").deduplicated is False
     store.close()
 
 
-def test_a_nested_block_on_the_view_is_a_savepoint(tmp_path: Path) -> None:
-    path = tmp_path / "k.sqlite"
-    store = new_store(path)
+def test_a_nested_block_on_the_view_is_a_savepoint(place: StorePlace) -> None:
+    store = new_store(place)
     with store.transaction() as tx:
         enqueue(tx, "outer")
         with pytest.raises(RuntimeError), tx.transaction() as inner:
@@ -94,14 +99,13 @@ def test_a_nested_block_on_the_view_is_a_savepoint(tmp_path: Path) -> None:
             expect_code(ACTIVE, lambda: enqueue(tx, "middle"))
             raise RuntimeError("roll the inner block back")
         expect_code(CLOSED, lambda: enqueue(inner, "late"))
-    assert raw_rows(path, "SELECT trigger_key FROM occurrences") == [("outer",)]
+    assert place.sql("SELECT trigger_key FROM occurrences") == [("outer",)]
     store.close()
 
 
-def test_another_thread_waits_for_the_block(tmp_path: Path) -> None:
+def test_another_thread_waits_for_the_block(place: StorePlace) -> None:
     """The other thread's write is serialized after the block: it survives the block's rollback."""
-    path = tmp_path / "k.sqlite"
-    store = new_store(path)
+    store = new_store(place)
     results: list[Any] = []
     other = threading.Thread(target=lambda: results.append(enqueue(store, "other-thread")))
     with pytest.raises(RuntimeError), store.transaction() as tx:
@@ -112,17 +116,19 @@ def test_another_thread_waits_for_the_block(tmp_path: Path) -> None:
         raise RuntimeError("roll the block back")
     other.join(10)
     assert len(results) == 1 and results[0].deduplicated is False
-    assert raw_rows(path, "SELECT trigger_key FROM occurrences") == [("other-thread",)]
+    assert place.sql("SELECT trigger_key FROM occurrences") == [("other-thread",)]
     store.close()
 
 
-def test_on_connection_views_follow_the_same_rules(tmp_path: Path) -> None:
-    path = tmp_path / "k.sqlite"
-    new_store(path).close()
-    engine = create_engine(f"sqlite:///{path}")
+def test_on_connection_views_follow_the_same_rules(place: StorePlace) -> None:
+    new_store(place).close()
+    if isinstance(place, PostgresSchemaPlace):
+        engine, schema = place.server.engine, place.schema
+    else:
+        engine, schema = create_engine(f"sqlite:///{place.path}"), "main"
     try:
         with engine.begin() as connection:
-            store = SchedulerStore.on_connection(connection, clock=lambda: T0)
+            store = SchedulerStore.on_connection(connection, clock=lambda: T0, schema=schema)
             with store.transaction() as tx:
                 enqueue(tx, "in-block")
                 expect_code(ACTIVE, lambda: enqueue(store, "outer"))
@@ -130,7 +136,7 @@ def test_on_connection_views_follow_the_same_rules(tmp_path: Path) -> None:
             enqueue(store, "after")
     finally:
         engine.dispose()
-    assert raw_rows(path, "SELECT trigger_key FROM occurrences ORDER BY 1") == [("after",), ("in-block",)]
+    assert place.sql("SELECT trigger_key FROM occurrences ORDER BY 1") == [("after",), ("in-block",)]
 
 
 def _public_methods() -> list[str]:
@@ -192,10 +198,9 @@ def _default_sample(name: str) -> Any:
 
 
 @pytest.mark.parametrize("name", _public_methods())
-def test_every_method_of_a_stale_view_and_of_the_busy_outer_store(tmp_path: Path, name: str) -> None:
+def test_every_method_of_a_stale_view_and_of_the_busy_outer_store(place: StorePlace, name: str) -> None:
     """Whatever the method: the stale view and the busy outer store refuse it, writing nothing."""
-    path = tmp_path / "k.sqlite"
-    store = new_store(path)
+    store = new_store(place)
     args, kwargs = _arguments_for(getattr(SchedulerStore, name))
     # prepare_domain_migration validates a whole plan before anything else; an empty plan is
     # enough to show it refuses, not enough to reach the lifecycle check
@@ -204,9 +209,9 @@ def test_every_method_of_a_stale_view_and_of_the_busy_outer_store(tmp_path: Path
         with pytest.raises(SchedulerKernelError) as busy:
             getattr(store, name)(*args, **kwargs)
         assert busy.value.code == (expected or ACTIVE), busy.value
-    before = counts(path)
+    before = counts(place)
     with pytest.raises(SchedulerKernelError) as stale:
         getattr(tx, name)(*args, **kwargs)
     assert stale.value.code == (expected or CLOSED), stale.value
-    assert counts(path) == before
+    assert counts(place) == before
     store.close()
