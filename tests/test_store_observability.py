@@ -1,4 +1,8 @@
-"""Observability: one log record per state change, emitted by the store, and OpenTelemetry metrics."""
+"""Observability: one log record per state change, emitted by the store, and OpenTelemetry metrics.
+
+The store's records and metrics are checked on both backends (``place``); the caller-transaction
+test spells SQLite's ``BEGIN IMMEDIATE`` and the no-OpenTelemetry test runs a child process on a
+file: SQLite only."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.store import telemetry
 from scheduler.testing import SchedulerClock
 from scheduler.worker import Worker
+from tests.store_places import StorePlace
 from tests.worker_support import add_job, enqueue, new_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,11 +37,11 @@ def states(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_full_cycle_logs_every_state_change_with_structured_fields(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    place: StorePlace, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="scheduler")
     clock = SchedulerClock()
-    store = new_store(tmp_path / "k.sqlite", clock=clock)
+    store = place.open(clock=clock)
     add_job(store, "mail", kind="email", max_attempts=2)
     occurrence_id = enqueue(store, "mail", "one")
     first = store.claim_next(owner_id="w1", lease_ms=1_000)
@@ -93,10 +98,10 @@ def test_a_full_cycle_logs_every_state_change_with_structured_fields(
 
 
 def test_transaction_blocks_log_after_commit_and_never_for_a_rollback(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    place: StorePlace, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="scheduler.events")
-    store = new_store(tmp_path / "k.sqlite")
+    store = place.open()
     with store.transaction() as tx:
         add_job(tx, "a")
         enqueue(tx, "a", "one")
@@ -156,9 +161,9 @@ def metric_points(reader: Any) -> dict[str, list[Any]]:
 
 
 def test_metrics_count_claims_and_settlements_and_report_latency_and_depth(
-    tmp_path: Path, meter_reader: Any
+    place: StorePlace, meter_reader: Any
 ) -> None:
-    store = new_store(tmp_path / "k.sqlite")
+    store = place.open()
     add_job(store, "mail", kind="email", max_attempts=1)
     for key in ("ok", "bad", "later"):
         enqueue(store, "mail", key, payload={"key": key})
