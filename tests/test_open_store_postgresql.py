@@ -9,6 +9,7 @@ once both succeed. ``clock=None`` is the server's ``clock_timestamp()``; an inje
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -63,6 +64,27 @@ def test_an_engine_and_any_schema_name(pg_engine: Engine, pg_schema: str) -> Non
         store.create_job(id="job-1", kind="email", authority=AUTHORITY)
     with open_store(pg_engine, schema=pg_schema, clock=lambda: T0 + 1) as store:  # verified, reused
         assert [row["job_id"] for row in dump_tables(store)["jobs"]] == ["job-1"]
+
+
+def test_schema_names_with_percent_signs_and_placeholders(postgres_server: PostgresServer) -> None:
+    """psycopg reads ``%`` in raw SQL as a placeholder: ``CREATE SCHEMA "%s"`` once created
+    ``"$1"`` and the open failed SCHEMA_CORRUPT. Every name is created exactly, then reused."""
+    names = [unique_name(prefix) for prefix in ("%s", "%(x)s", "50%", "$1", ":x", 'q"q')]
+    try:
+        for name in names:
+            with open_store(postgres_server.engine, schema=name, clock=lambda: T0) as store:
+                store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+            with open_store(postgres_server.engine, schema=name, clock=lambda: T0 + 1) as store:
+                assert [row["job_id"] for row in dump_tables(store)["jobs"]] == ["job-1"]
+            with postgres_server.engine.connect() as connection:
+                assert schema_fingerprint(connection, schema=name) == SCHEMA_V6_PG_FINGERPRINT
+        with postgres_server.engine.connect() as connection:
+            rows = connection.exec_driver_sql("SELECT nspname FROM pg_namespace").scalars().all()
+        pid = f"_{os.getpid()}_"
+        assert sorted(name for name in rows if pid in name) == sorted(names)
+    finally:
+        for name in names:
+            postgres_server.drop_schema(name)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable, Executable
 
 from scheduler.contract.errors import invalid_argument
 from scheduler.schema import ddl
-from scheduler.schema.target import POSTGRESQL, SchemaTarget, quote_identifier
+from scheduler.schema.target import POSTGRESQL, SchemaTarget, driver_sql, quote_identifier
 from scheduler.schema.versions import columns_at, indexes_at, since, tables_at
 
 _LOCK_CLASS: Final = ddl.SCHEDULER_APPLICATION_ID  # "CCSK", fits a signed int4
@@ -60,7 +60,8 @@ def lock_schema(connection: Connection, target: SchemaTarget) -> None:
 
 def create_schema(connection: Connection, target: SchemaTarget) -> None:
     """``CREATE SCHEMA IF NOT EXISTS`` (the caller holds the advisory lock)."""
-    connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(target.schema)}")
+    statement = f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(target.schema)}"
+    connection.exec_driver_sql(driver_sql(connection, statement))
 
 
 def _create_table(table: Table, version: int) -> CreateTable:
@@ -97,4 +98,5 @@ def run_step_ddl(connection: Connection, version: int, target: SchemaTarget) -> 
             bound.execute(statement)
     for table, column in added_columns(version):
         column_sql = CreateColumn(column).compile(dialect=connection.dialect)
-        connection.exec_driver_sql(f"ALTER TABLE {target.qualify(table.name)} ADD COLUMN {column_sql}")
+        alter = f"ALTER TABLE {target.qualify(table.name)} ADD COLUMN {column_sql}"
+        connection.exec_driver_sql(driver_sql(connection, alter))

@@ -70,6 +70,18 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def driver_sql(connection: Connection, sql: str) -> str:
+    """``sql`` as ``exec_driver_sql`` must pass it to ``connection``'s driver, without parameters.
+
+    psycopg (``pyformat``) reads ``%`` as a placeholder even when no parameters are given, so a
+    schema named ``a%sb`` would become ``a$1b``: its percent signs are doubled. Other drivers
+    (``qmark``, asyncpg's ``$n``) take the text as it is.
+    """
+    if connection.dialect.paramstyle in ("format", "pyformat"):
+        return sql.replace("%", "%%")
+    return sql
+
+
 @dataclass(frozen=True)
 class SchemaTarget:
     """A resolved place for the scheduler's tables on one connection's backend."""

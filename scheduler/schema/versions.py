@@ -20,6 +20,7 @@ from scheduler.schema.target import (
     SCHEMA_UNKNOWN,
     SchemaTarget,
     driver_autocommit,
+    driver_sql,
     schema_error,
 )
 
@@ -149,7 +150,7 @@ def read_history(connection: Connection, target: SchemaTarget) -> list[dict[str,
     On PostgreSQL (inside a transaction) the read runs in a SAVEPOINT, so a failed read leaves the
     caller's transaction usable (SQLite keeps its transaction after a failed statement).
     """
-    sql = _HISTORY_SQL.format(migrations=target.qualify("migrations"))
+    sql = driver_sql(connection, _HISTORY_SQL.format(migrations=target.qualify("migrations")))
     try:
         if target.is_postgresql and not driver_autocommit(connection):
             with connection.begin_nested():
