@@ -63,7 +63,7 @@ def test_stats_prune_and_their_exit_codes(home: Path, database: Path) -> None:
         occurrence_id = enqueue(store, "ok", key)
         claimed = store.claim_occurrence(occurrence_id=occurrence_id, owner_id="w", lease_ms=60_000)
         store.settle(occurrence_id=occurrence_id, owner_id="w", fence=claimed.fence, outcome="succeeded")
-    enqueue(store, "flaky", "queued")
+    queued = enqueue(store, "flaky", "queued")
     store.close()
     stats = invoke("stats", "--db", str(database), "--json")
     assert stats.exit_code == 0, stats.output
@@ -87,6 +87,9 @@ def test_stats_prune_and_their_exit_codes(home: Path, database: Path) -> None:
     assert invoke("prune", "--older-than", "1d", "--status", "queued", "--db", str(database)).exit_code == 2
     assert invoke("requeue", "occ_missing", "--db", str(database), "--json").exit_code == 1
     assert invoke("pause", "occ_missing", "--db", str(database)).exit_code == 1
+    never_claimed = invoke("pause", queued, "--db", str(database), "--json")  # fence 0: not running
+    assert never_claimed.exit_code == 1, never_claimed.output
+    assert as_json(never_claimed)["error"]["code"] == "SCHEDULER_OCCURRENCE_NOT_RUNNING"
 
 
 def test_durations() -> None:

@@ -32,6 +32,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.reads import key_option
 from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
+from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.runtime_control import normalize_runtime_control_capability
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PRUNABLE_STATUSES, PruneResult
@@ -156,6 +157,12 @@ def pause_command(
     _require_database(db)
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
+        if fence is None and current.fence == 0:  # never claimed: no fence to expect
+            raise SchedulerKernelError(
+                "SCHEDULER_OCCURRENCE_NOT_RUNNING",
+                f"Scheduler occurrence is not running: {current.id}",
+                {"status": current.status},
+            )
         expected_fence = current.fence if fence is None else fence
         request = request_id or f"pause:{current.id}:{expected_fence}"
         control = store.request_occurrence_pause(
