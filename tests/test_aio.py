@@ -215,6 +215,12 @@ def test_other_tasks_wait_for_a_block_and_calls_after_close_are_refused(aio_plac
         with pytest.raises(SchedulerKernelError) as caught:
             await store.get_job("first")
         assert caught.value.code == "SCHEDULER_STORE_CLOSED"
+        with pytest.raises(SchedulerKernelError) as caught:  # even a helper that never calls it
+            await store.run_sync(lambda _store: None)
+        assert caught.value.code == "SCHEDULER_STORE_CLOSED"
+        with pytest.raises(SchedulerKernelError) as caught:
+            await store.run_sync(42)  # type: ignore[arg-type]
+        assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
 
     asyncio.run(body())
 
@@ -386,3 +392,25 @@ def test_on_connection_enqueues_inside_the_callers_transaction(aio_place: AioPla
     assert asyncio.run(body()) == ["committed"]
     with pytest.raises(SchedulerKernelError):
         asyncio.run(AsyncSchedulerStore.on_connection("not a connection"))  # type: ignore[arg-type]
+
+
+def test_an_async_engine_of_each_driver_is_opened_and_never_disposed(aio_place: AioPlace) -> None:
+    """``create_async_engine("postgresql+psycopg://…")``'s dialect calls its driver ``psycopg``:
+    such an engine was refused as "not postgresql+psycopg"."""
+
+    async def body() -> None:
+        if aio_place.server is None:
+            engine = create_async_engine(f"sqlite+aiosqlite:///{aio_place.directory / 'engine.sqlite'}")
+            schema = None
+        else:
+            engine = create_async_engine(aio_place.async_url())
+            schema = aio_place._schema("engine")
+        try:
+            for job_id in ("first", "second"):  # the engine outlives the first store
+                async with await open_async_store(engine, schema=schema, clock=lambda: T0) as store:
+                    await store.create_job(id=job_id, kind="email", authority=AUTHORITY)
+                    assert len((await store.run_sync(dump_tables))["jobs"]) == (job_id == "second") + 1
+        finally:
+            await engine.dispose()
+
+    asyncio.run(body())

@@ -39,8 +39,11 @@ POSTGRESQL_DRIVERS: Final = {
 }
 """URL driver names accepted, and the async driver each means (``create_async_engine`` takes
 ``postgresql+psycopg`` as psycopg's async connection)."""
-ASYNC_DRIVERS: Final = frozenset({"aiosqlite", "psycopg_async", "asyncpg"})
-"""Drivers of an ``AsyncEngine`` the store runs on (``dialect.driver``)."""
+ENGINE_DRIVERS: Final = frozenset(
+    {("sqlite", "aiosqlite"), ("postgresql", "asyncpg"), ("postgresql", "psycopg")}
+)
+"""(``dialect.name``, ``dialect.driver``) of an ``AsyncEngine`` the store runs on. Async psycopg's
+dialect calls its driver ``psycopg`` (an ``AsyncEngine``'s dialect is always the async one)."""
 _DRIVES: Final = "open_async_store drives aiosqlite, asyncpg or async psycopg"
 INSTALL_HINT: Final = 'install the async drivers with pip install "scheduler-kernel[async]"'
 
@@ -99,7 +102,7 @@ def _own_engine(url: URL, timeout_ms: int) -> AsyncEngine:
 def _resolve(target: Any, timeout_ms: int) -> Resolved:
     if isinstance(target, AsyncEngine):
         dialect = target.sync_engine.dialect
-        if dialect.name not in ("sqlite", "postgresql") or dialect.driver not in ASYNC_DRIVERS:
+        if (dialect.name, dialect.driver) not in ENGINE_DRIVERS:
             raise invalid_argument(f"{_DRIVES}, not {dialect.name}+{dialect.driver}")
         return Resolved(None, engine_file(target.sync_engine), target.sync_engine)
     engine = _own_engine(_target_url(target), timeout_ms)
