@@ -101,8 +101,13 @@ class AsyncSchedulerStore:
         """``function(sync_store)`` run like the methods (in the store's greenlet, in turn with
         the other calls): for a synchronous helper over the store, e.g.
         ``await store.run_sync(scheduler.testing.dump_tables)``. ``function`` gets the
-        ``SchedulerStore`` this store runs on; it must not keep it past the call."""
+        ``SchedulerStore`` this store runs on; it must not keep it past the call. A closed store
+        raises ``SCHEDULER_STORE_CLOSED`` (as every call), a non-callable
+        ``SCHEDULER_INVALID_ARGUMENT``."""
+        if not callable(function):
+            raise invalid_argument("function must be a callable taking the SchedulerStore")
         async with self._guard.hold():
+            self._store._assert_open()
             return await run_in_greenlet(function, self._store)
 
     @property
