@@ -66,8 +66,32 @@ def bench_command(
         Path | None, typer.Option("--dir", help="Where the temporary databases go (default: system temp).")
     ] = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary databases.")] = False,
+    backend: Annotated[
+        str, typer.Option("--backend", help="sqlite (default) or postgresql (needs --db).")
+    ] = "sqlite",
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="PostgreSQL URL (postgresql+psycopg://…) for --backend postgresql."),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, max=20, help="PostgreSQL: rounds per figure.")
+    ] = 3,
 ) -> None:
-    """Measure the store on a temporary WAL database (synchronous=FULL) against the raw commit floor."""
+    """Measure the store on a temporary WAL database (synchronous=FULL) against the raw commit floor,
+    or (``--backend postgresql --db URL``) on a PostgreSQL server in a schema of its own."""
+    if backend == "postgresql":
+        _postgresql(
+            db,
+            quick=quick,
+            scale=scale,
+            depths=parse_depths(depths),
+            rounds=rounds,
+            json_file=json_file,
+            markdown_file=markdown_file,
+        )
+        return
+    if backend != "sqlite":
+        raise typer.BadParameter("--backend must be sqlite or postgresql")
     config = make_config(
         quick=quick, scale=scale, depths=parse_depths(depths), workers=workers, profile=profile
     )
@@ -86,4 +110,39 @@ def bench_command(
         markdown_file.write_text(text, encoding="utf-8")
     proof = next((target for target in result.targets if "exactly once" in target.name), None)
     if proof is not None and proof.met is False:
+        raise typer.Exit(1)
+
+
+def _postgresql(
+    db: str | None,
+    *,
+    quick: bool,
+    scale: float | None,
+    depths: tuple[int, ...] | None,
+    rounds: int,
+    json_file: Path | None,
+    markdown_file: Path | None,
+) -> None:
+    """``--backend postgresql``: run :mod:`scheduler.bench.pg_bench` and print its tables."""
+    import json
+
+    from scheduler.bench.pg_bench import PgBenchConfig, markdown, run_pg_bench
+
+    if not db:
+        raise typer.BadParameter("--backend postgresql needs --db postgresql+psycopg://…")
+    url = "postgresql+psycopg://" + db.split("://", 1)[1] if db.startswith("postgresql://") else db
+    config = PgBenchConfig(url=url, rounds=rounds, scale=scale or 1.0)
+    if quick:
+        config = PgBenchConfig(url=url, rounds=rounds, scale=scale or 0.25, depths=(1_000, 100_000))
+    if depths is not None:
+        config = PgBenchConfig(url=url, rounds=rounds, scale=config.scale, depths=depths)
+    console = Console(stderr=True)
+    result = run_pg_bench(config, progress=console.print, command=command_line())
+    text = markdown(result)
+    Console().print(text, markup=False, highlight=False)
+    if json_file is not None:
+        json_file.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    if markdown_file is not None:
+        markdown_file.write_text(text, encoding="utf-8")
+    if not result["targets"]["every_occurrence_settled_exactly_once"]["met"]:
         raise typer.Exit(1)

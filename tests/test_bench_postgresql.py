@@ -1,0 +1,85 @@
+"""``scheduler bench --backend postgresql``: a tiny run on the test server (structure, exactly once).
+
+Sizes are scaled to a few dozen operations, one round, depths of 50 and 500 rows and 1 and 2
+worker processes, so the run takes seconds; the figures themselves mean nothing here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from backends import PostgresServer
+from typer.testing import CliRunner
+
+from scheduler.bench.pg_bench import PgBenchConfig, markdown, run_pg_bench
+
+
+@pytest.fixture(scope="module")
+def result(postgres_server: PostgresServer) -> dict[str, Any]:
+    url = postgres_server.url.render_as_string(hide_password=False)
+    config = PgBenchConfig(
+        url=url,
+        rounds=1,
+        floor_commits=40,
+        enqueues=20,
+        cycles=20,
+        depths=(50, 500),
+        depth_samples=10,
+        workers=(1, 2),
+        worker_occurrences=40,
+    )
+    return run_pg_bench(config, command="test")
+
+
+def test_the_run_reports_every_figure(result: dict[str, Any]) -> None:
+    medians = result["medians"]
+    for key in (
+        "floor_commits_per_s",
+        "enqueue_per_s",
+        "claim_settle_cycles_per_s",
+        "settle_and_claim_cycles_per_s",
+        "claim_settle_client_cpu_us",
+        "settle_and_claim_client_cpu_us",
+        "depth_50_claim_next_median_ms",
+        "depth_500_claim_next_p99_ms",
+        "workers_1_cycles_per_s",
+        "workers_2_cycles_per_s",
+        "workers_2_client_cpu_us",
+    ):
+        assert medians[key] > 0, key
+    assert set(result["ratios_to_floor"]) >= {"enqueue_to_floor", "settle_and_claim_cycles_to_floor"}
+    assert result["backend"] == "postgresql" and result["server_version"]
+    assert "password" not in result["config"]["url"]
+    table = markdown(result)
+    assert "commit floor" in table and "| 500 |" in table and "2 worker processes" in table
+
+
+def test_every_worker_run_settled_each_occurrence_exactly_once(result: dict[str, Any]) -> None:
+    runs = result["workers"]
+    assert [run["workers"] for run in runs] == [1, 2]
+    for run in runs:
+        assert run["settled_exactly_once"] == run["claimed_once"] == run["occurrences"] == 40
+        assert run["cycles"] == 40
+    assert result["targets"]["every_occurrence_settled_exactly_once"]["met"] is True
+
+
+def test_the_bench_schemas_are_dropped(result: dict[str, Any], postgres_server: PostgresServer) -> None:
+    mine = f"scheduler_bench_{os.getpid()}"
+    with postgres_server.engine.connect() as connection:
+        names = {row[0] for row in connection.exec_driver_sql("SELECT nspname FROM pg_namespace")}
+    assert {mine, f"{mine}_floor"} & names == set()
+
+
+def test_the_command_needs_a_url() -> None:
+    import typer
+
+    from scheduler.bench import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    outcome = CliRunner().invoke(app, ["bench", "--backend", "postgresql"])
+    assert outcome.exit_code == 2
+    assert "--db" in outcome.output
