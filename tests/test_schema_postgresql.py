@@ -246,7 +246,7 @@ TAMPERS: list[tuple[str, tuple[str, ...], str, str]] = [
     ),
     (
         "missing index",
-        ("DROP INDEX scheduler_pg_occurrences_due",),
+        ("DROP INDEX scheduler_pg_occurrences_expired",),
         "CORRUPT",
         "description does not match v6",
     ),

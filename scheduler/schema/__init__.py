@@ -56,12 +56,10 @@ from scheduler.schema.ddl import (
 )
 from scheduler.schema.tables import (
     ALL_TABLES,
-    CLAIMABLE_STATUSES,
     adjudications,
     authority_policies,
     authority_reservations,
     authority_usage,
-    claim_order_key,
     domain_migration_entries,
     domain_migrations,
     events,
@@ -87,7 +85,6 @@ from scheduler.schema.upgrade import (
 
 __all__ = [
     "ALL_TABLES",
-    "CLAIMABLE_STATUSES",
     "DEFAULT_SCHEMAS",
     "LATEST_VERSION",
     "MIGRATION_CHECKSUMS",
@@ -138,7 +135,6 @@ __all__ = [
     "authority_policies",
     "authority_reservations",
     "authority_usage",
-    "claim_order_key",
     "domain_migration_entries",
     "domain_migrations",
     "events",

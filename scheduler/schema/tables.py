@@ -36,11 +36,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    case,
-    literal_column,
     text,
 )
-from sqlalchemy.sql.elements import ColumnElement, Grouping
 
 from scheduler.schema.checks import DialectCheck, needs_translation
 
@@ -190,25 +187,13 @@ Index("scheduler_events_job", events.c.job_id, events.c.event_id.desc())
 
 # --------------------------------------------------------------------------- PostgreSQL-only (v1)
 #
-# The claim path on PostgreSQL picks the candidate in the seed's order with one ordered walk
-# and locks it FOR UPDATE SKIP LOCKED (SQLite merges three index-served probes in Python instead,
-# see scheduler/store/claim_query.py). Neither walk is served by scheduler_occurrences_claim,
-# whose leading `status` column splits the seed's order into one range per status.
-
-CLAIMABLE_STATUSES: Final = ("queued", "retry_wait", "running")
-
-
-def claim_order_key(occurrence: Any) -> ColumnElement[Any]:
-    """The seed's claim sort key: lease expiry for running rows, availability otherwise.
-
-    ``occurrence`` is ``occurrences`` or an alias of it. Statuses are rendered as literals so a
-    query using this expression matches ``scheduler_pg_occurrences_due`` (a bound parameter
-    would not match the index expression in a generic plan).
-    """
-    return case(
-        (occurrence.c.status == literal_column("'running'"), occurrence.c.lease_expires_at),
-        else_=occurrence.c.available_at,
-    )
+# The claim path reads the same bounded probes on both dialects (scheduler/store/claim_query.py),
+# served by scheduler_occurrences_claim, except the expired-final-attempt sweep (seed: WHERE
+# status = 'running' AND lease_expires_at <= :now ORDER BY lease_expires_at, occurrence_id
+# LIMIT 100, run on every claim): on PostgreSQL the planner serves it from this partial index, an
+# ordered walk of the running rows only (scheduler_occurrences_claim leads with status and
+# available_at, so lease_expires_at would only filter the running rows). Only running rows are
+# in it, so writes of queued rows never maintain it.
 
 
 def _postgresql_only(index: Index) -> Index:
@@ -216,24 +201,6 @@ def _postgresql_only(index: Index) -> Index:
     return index.ddl_if(dialect="postgresql")
 
 
-_CLAIMABLE_PREDICATE: Final = "status IN ('queued', 'retry_wait', 'running')"
-
-# claim_next on PostgreSQL: WHERE status IN ('queued', 'retry_wait', 'running') AND
-# claim_order_key(o) <= :now ... ORDER BY claim_order_key(o), scheduled_for, occurrence_id
-# walks this index in the seed's order from the oldest due row; cost does not grow with depth.
-_postgresql_only(
-    Index(
-        "scheduler_pg_occurrences_due",
-        Grouping(claim_order_key(occurrences)),  # an index expression needs its own parentheses
-        occurrences.c.scheduled_for,
-        occurrences.c.occurrence_id,
-        postgresql_where=text(_CLAIMABLE_PREDICATE),
-    )
-)
-# The expired-final-attempt sweep (seed: WHERE status = 'running' AND lease_expires_at <= :now
-# ORDER BY lease_expires_at, occurrence_id LIMIT 100), run on every claim: an ordered walk of the
-# running rows only, instead of sorting them (scheduler_pg_occurrences_due orders ties by
-# scheduled_for and interleaves the due queued rows).
 _postgresql_only(
     Index(
         "scheduler_pg_occurrences_expired",
