@@ -14,17 +14,20 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from backends import PostgresServer, unique_name
-from sqlalchemy import Engine, create_engine
+from psycopg import _queries as psycopg_queries
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import QueuePool
 
 from scheduler import SchedulerKernelError, open_store
 from scheduler.schema import SCHEMA_V6_PG_FINGERPRINT, schema_fingerprint
 from scheduler.schema.target import quote_identifier
+from scheduler.store.dialects import postgresql
 from scheduler.testing import dump_tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,6 +121,34 @@ def test_every_open_verifies_the_catalog(pg_engine: Engine, pg_schema: str) -> N
     with pytest.raises(SchedulerKernelError) as caught:
         open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     assert caught.value.code == "SCHEDULER_SCHEMA_CORRUPT"
+
+
+def test_psycopg_keeps_the_parsed_form_of_every_hot_statement(pg_engine: Engine, pg_schema: str) -> None:
+    """The claim statement (~10 KB) is longer than psycopg's default 4 KB parsed-query cache
+    limit; opening a store raises the limit so that every statement of a claim + settle cycle
+    is parsed once, even under a 63-byte schema name."""
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0) as store:
+        assert psycopg_queries.MAX_CACHED_STATEMENT_LENGTH == postgresql.CACHED_STATEMENT_LENGTH
+        store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+        store.enqueue_many(
+            [{"job_id": "job-1", "scheduled_for": T0 - i, "trigger_key": f"k{i}"} for i in (1, 2)]
+        )
+        event.listen(pg_engine, "before_cursor_execute", seen)
+        try:
+            held = store.claim_next(owner_id="w", lease_ms=60_000)
+            assert held is not None
+            store.settle_and_claim(
+                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000
+            )
+        finally:
+            event.remove(pg_engine, "before_cursor_execute", seen)
+    longest = max(len(text) + text.count(pg_schema) * (63 - len(pg_schema)) for text in statements)
+    assert 4096 < longest <= postgresql.CACHED_STATEMENT_LENGTH
 
 
 def test_clock_none_is_the_server_clock_and_an_injected_clock_wins(pg_engine: Engine, pg_schema: str) -> None:

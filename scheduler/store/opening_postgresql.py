@@ -75,6 +75,7 @@ def connect(
     ``clock`` is the store's (``SERVER_CLOCK``: ``clock_timestamp()``, read inside the
     transaction) and stamps the ``migrations`` rows of a created or upgraded schema.
     """
+    postgresql.cache_long_statements()
     conn = engine.connect()
     try:
         prepare_connection(conn, timeout_ms)
