@@ -47,7 +47,13 @@ class PgProxy:
         self.fault = fault
 
     def close(self) -> None:
+        """Stop accepting connections: a new one is refused (``ECONNREFUSED``) from now on.
+
+        (Closing alone would not wake the thread blocked in ``accept``, which would take one
+        more connection.)"""
         self._stopped = True
+        with suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
 
     # ------------------------------------------------------------------ forwarding

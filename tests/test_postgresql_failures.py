@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pg_proxy import PgProxy, wait_until, xact_status
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.schema.target import quote_identifier
@@ -216,3 +217,51 @@ def test_connection_lost_before_commit_reached_the_server(
         wait_until(lambda: xact_status(pg_engine, proxy.xids[-1]) == "aborted")
         assert store.get_job("job-1") is None
         assert store.create_job(id="job-1", kind="email", authority=AUTHORITY).revision == 1
+
+
+def test_an_unreachable_server_after_a_lost_connection_is_classified_on_every_call(
+    proxy: PgProxy, pg_engine: Engine, pg_schema: str
+) -> None:
+    """The failed call's rollback checked the driver's state, which reconnected: the reconnect's
+    ``OperationalError`` escaped bare (only the next call was classified)."""
+    with open_store(proxy.url(), schema=pg_schema, clock=lambda: T0) as store:
+        store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+        pid = backend_pid(store)
+        proxy.close()  # new connections are refused from now on
+        with pg_engine.connect() as connection:
+            connection.exec_driver_sql("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        first = storage_error(lambda: store.get_job("job-1"))
+        assert first["storageCode"] in ("57P01", "CONNECTION_LOST")
+        assert first["commitState"] == "not_committed" and first["retryable"] is True
+        for call in (lambda: store.get_job("job-1"), lambda: store.update_job("job-1", 1, payload={})):
+            assert storage_error(call) == retryable("CONNECTION_LOST")
+        with pytest.raises(SchedulerKernelError) as caught, store.transaction():
+            pass
+        assert caught.value.details == retryable("CONNECTION_LOST")
+
+
+def test_a_callers_aborted_transaction_is_25P02_and_must_be_rolled_back(
+    store: SchedulerStore, pg_engine: Engine, pg_schema: str
+) -> None:
+    with pg_engine.connect() as caller:
+        caller.begin()
+        with pytest.raises(DBAPIError):  # the caller's own statement fails: its transaction is aborted
+            caller.exec_driver_sql("SELECT 1 / 0")
+        tx_store = SchedulerStore.on_connection(caller, schema=pg_schema, clock=lambda: T0)
+        for call, phase in (
+            (lambda: tx_store.create_job(id="job-2", kind="email", authority=AUTHORITY), "write"),
+            (lambda: tx_store.get_job("job-1"), "read"),
+        ):
+            with pytest.raises(SchedulerKernelError) as caught:
+                call()
+            assert caught.value.code == "SCHEDULER_STORAGE_UNAVAILABLE"
+            assert caught.value.details == {
+                "phase": phase,
+                "storageCode": "25P02",
+                "commitState": "not_committed",
+                "retryable": False,
+            }
+            assert "caller's transaction is aborted" in caught.value.message
+            assert "roll it back" in caught.value.message
+        caller.rollback()
+        assert tx_store.get_job("job-1") is not None  # usable again once rolled back

@@ -114,6 +114,11 @@ def storage_unavailable(
             " (SQLITE_BUSY_SNAPSHOT: another connection committed after the enclosing transaction"
             " first read; roll that transaction back and restart it to retry)"
         )
+    elif storage_code == postgresql.IN_FAILED_TRANSACTION:
+        message += (
+            " (25P02: the caller's transaction is aborted: a statement in it failed earlier; roll it"
+            " back before using the store on this connection)"
+        )
     return SchedulerKernelError(
         STORAGE_UNAVAILABLE,
         message,
@@ -151,3 +156,32 @@ def classify_storage_failure(
     state = contention_state or commit_state
     retryable = owns_transaction and state == "not_committed" and contention != BUSY_SNAPSHOT
     return storage_unavailable(phase=phase, storage_code=contention, commit_state=state, retryable=retryable)
+
+
+SQLITE_NO_SUCH_TABLE = "no such table:"
+"""How SQLite reports a statement naming a table that does not exist (result code SQLITE_ERROR)."""
+
+
+def missing_tables(error: BaseException, schema: str) -> SchedulerKernelError | None:
+    """``SCHEDULER_SCHEMA_UNKNOWN`` when a statement on a caller's connection (``on_connection``)
+    found no scheduler table in ``schema`` (PostgreSQL SQLSTATE 42P01, SQLite "no such table"):
+    not a scheduler database, or one ``open_store`` never created; ``None`` otherwise.
+
+    Only the runners of a caller's connection ask: ``open_store`` verifies the catalog itself.
+    """
+    chain = _chain(error)
+    sqlite_missing = any(
+        getattr(current, "sqlite_errorname", None) == "SQLITE_ERROR"
+        and str(current).startswith(SQLITE_NO_SUCH_TABLE)
+        for current in chain
+    )
+    if not sqlite_missing and not postgresql.has_sqlstate(chain, postgresql.UNDEFINED_TABLE):
+        return None
+    found = SchedulerKernelError(
+        "SCHEDULER_SCHEMA_UNKNOWN",
+        f"The scheduler's tables are missing from schema {schema!r}: not a scheduler database"
+        " (open it once with open_store, which creates them, before SchedulerStore.on_connection)",
+        {"schema": schema},
+    )
+    found.__cause__ = error
+    return found

@@ -33,7 +33,7 @@ from scheduler.store import dialects, lifecycle
 from scheduler.store.checkpoints import WalCheckpoints
 from scheduler.store.dialect import StoreDialect
 from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
-from scheduler.store.failures import classify_storage_failure, storage_unavailable
+from scheduler.store.failures import classify_storage_failure, missing_tables, storage_unavailable
 from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.telemetry import StateChanges, collect, emit_all
 from scheduler.store.wakeups import send_wakeup, wake_channel, wakes_workers
@@ -408,23 +408,27 @@ class OwnedRunner(_Base):
         return self._guarded(lambda: self._run(operation, BEGIN_READ, sample_clock=False))
 
     def _prepare_driver(self) -> None:
-        """``session_setup`` once per driver connection (accessing it reconnects if needed)."""
+        """``session_setup`` once per driver connection (accessing it reconnects if needed).
+
+        A reconnect that fails (the server is unreachable) is ``SCHEDULER_STORAGE_UNAVAILABLE``,
+        ``not_committed``: nothing was sent.
+        """
         if self.session_setup is None:
             return
-        driver = self.conn.connection.dbapi_connection
-        if driver is not self._prepared_driver:
-            self.session_setup(self.conn)
-            self._prepared_driver = driver
-
-    def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
-        returned = False
         try:
-            self._prepare_driver()
-        except Exception as error:  # the server is unreachable: nothing was written
+            driver = self.conn.connection.dbapi_connection
+            if driver is not self._prepared_driver:
+                self.session_setup(self.conn)
+                self._prepared_driver = driver
+        except Exception as error:
             classified = classify_storage_failure(error, phase="write", commit_state="not_committed")
             if classified is None:
                 raise
             raise classified from error
+
+    def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
+        returned = False
+        self._prepare_driver()
         transaction = self.conn.begin()
         try:
             fast = self._usable_fastpath()
@@ -460,12 +464,20 @@ class OwnedRunner(_Base):
         # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
         with suppress(Exception):
             transaction.rollback()
+        if self.conn.invalidated:
+            # The driver connection is gone, and the server rolls back what it had not committed.
+            # Asking the driver now would reconnect (and raise if the server is unreachable);
+            # the next call reconnects.
+            return True
         in_transaction = self.dialect.driver_in_transaction
-        if in_transaction(self.conn):
-            # SQLAlchemy skips the driver rollback of an inactive transaction: do not keep the lock.
-            with suppress(Exception):
-                self.conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
-        return in_transaction(self.conn) is False
+        try:
+            if in_transaction(self.conn):
+                # SQLAlchemy skips the driver rollback of an inactive transaction: do not keep the lock.
+                with suppress(Exception):
+                    self.conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+            return in_transaction(self.conn) is False
+        except Exception:  # the state cannot be read: the transaction may still be open
+            return False
 
     @contextmanager
     def outer_transaction(self) -> Iterator[NestedRunner]:
@@ -599,7 +611,7 @@ class NestedRunner(_Base):
                 raise
             classified = classify_storage_failure(
                 error, phase="read", commit_state="not_committed", owns_transaction=False
-            )
+            ) or missing_tables(error, self.target.schema)
             if classified is None:
                 raise
             raise classified from error
@@ -615,7 +627,7 @@ class NestedRunner(_Base):
         if self._enclosing_rolled_back:
             # Never silently start a new transaction in place of the one SQLite discarded.
             raise _enclosing_rollback_error("write", "SQLITE_ABORT")
-        savepoint = self._savepoint()
+        savepoint = self._savepoint("write" if sample_clock else "read")
         try:
             tx = self._tx(sample_clock, self._usable_fastpath())
             result = operation(tx)
@@ -646,7 +658,10 @@ class NestedRunner(_Base):
                 owns_transaction=False,
             )
             if classified is None:
-                raise
+                missing = missing_tables(error, self.target.schema)
+                if missing is None:
+                    raise
+                raise missing from error
             if enclosing_gone:
                 self._enclosing_rolled_back = True
                 details = classified.details
@@ -688,14 +703,14 @@ class NestedRunner(_Base):
         finally:
             self._leave()
 
-    def _savepoint(self) -> Any:
+    def _savepoint(self, phase: str = "write") -> Any:
         """A SAVEPOINT for one operation or block (beginning the caller's transaction if needed)."""
         try:
             self._ensure_sqlite_transaction()
             return self.conn.begin_nested()
         except Exception as error:  # e.g. SQLITE_BUSY: another connection holds the write lock
             classified = classify_storage_failure(
-                error, phase="write", commit_state="not_committed", owns_transaction=False
+                error, phase=phase, commit_state="not_committed", owns_transaction=False
             )
             if classified is None:
                 raise

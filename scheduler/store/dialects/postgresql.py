@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import zlib
 from collections.abc import Callable
 from typing import Any, Final
@@ -210,6 +212,23 @@ FAILURE_SQLSTATES: Final = frozenset(
 I/O error, corruption): reported as storage unavailable, not retryable."""
 
 
+IN_FAILED_TRANSACTION: Final = "25P02"
+"""The enclosing transaction was aborted by an earlier failed statement (only a caller's
+transaction reaches the store in that state): not retryable until the caller rolls it back."""
+CONNECT_SQLSTATE_CLASSES: Final = ("28", "3D")
+"""Refused at connect (asyncpg reports the server's SQLSTATE, psycopg none): invalid
+authorization, a database that does not exist. Not retryable."""
+UNDEFINED_TABLE: Final = "42P01"
+"""A statement named a table that does not exist (``undefined_table``)."""
+_NETWORK_ERRNOS: Final = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "EPIPE", "ETIMEDOUT",
+        "EHOSTUNREACH", "EHOSTDOWN", "ENETUNREACH", "ENETDOWN",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
+
 _DRIVER_MODULES: Final = frozenset({"psycopg", "asyncpg"})
 
 
@@ -225,7 +244,9 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
 
     psycopg and asyncpg errors carry the server's SQLSTATE; an ``OperationalError`` (or a closed-connection
     ``InterfaceError``) without one is a lost connection, as is an error SQLAlchemy reports as
-    having invalidated the connection.
+    having invalidated the connection, or a network ``OSError`` (asyncpg's connect raises them bare).
+    Not retryable: the failure SQLSTATEs, 25P02 (the caller's aborted transaction) and the
+    refusals at connect (classes 28 and 3D).
     """
     for error in errors:
         if getattr(error, "connection_invalidated", False) is True:
@@ -236,12 +257,32 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
         if isinstance(sqlstate, str) and sqlstate:
             if sqlstate in CONTENTION_SQLSTATES or sqlstate.startswith(LOST_CONNECTION_CLASS):
                 return sqlstate, True
-            if sqlstate in FAILURE_SQLSTATES:
+            if (
+                sqlstate in FAILURE_SQLSTATES
+                or sqlstate == IN_FAILED_TRANSACTION
+                or sqlstate.startswith(CONNECT_SQLSTATE_CLASSES)
+            ):
                 return sqlstate, False
             continue
         if type(error).__name__ in ("OperationalError", "InterfaceError"):
             return CONNECTION_LOST, True
+    if any(_is_network_error(error) for error in errors):
+        return CONNECTION_LOST, True
     return None
+
+
+def _is_network_error(error: BaseException) -> bool:
+    """The server could not be reached or dropped the socket: asyncpg raises the ``OSError``
+    itself (connection refused, reset, unreachable host, a connect timeout, an unknown host),
+    where psycopg raises an ``OperationalError`` without a SQLSTATE."""
+    if isinstance(error, (ConnectionError, TimeoutError, socket.gaierror)):
+        return True
+    return isinstance(error, OSError) and error.errno in _NETWORK_ERRNOS
+
+
+def has_sqlstate(errors: list[BaseException], sqlstate: str) -> bool:
+    """Whether a psycopg or asyncpg error of the cause chain carries ``sqlstate``."""
+    return any(_is_driver_error(error) and getattr(error, "sqlstate", None) == sqlstate for error in errors)
 
 
 def _lost(errors: list[BaseException]) -> tuple[str, bool]:
