@@ -167,3 +167,103 @@ def test_prepare_of_one_plan_journals_one_migration(stores: list[SchedulerStore]
     assert sorted(migration.deduplicated for migration in results) == [False] + [True] * (RACERS - 1)
     assert len({migration.id for migration in results}) == 1
     assert len(dump_tables(stores[0])["scheduler_domain_migrations"]) == 1
+
+
+# ------------------------------------------------- writes on running and dead-lettered occurrences
+
+CHECKPOINTS = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint"]}
+
+
+def running_occurrences(store: SchedulerStore, count: int, kind: str = "agenda") -> list[Any]:
+    """``count`` occurrences of one job, each claimed by its own owner."""
+    store.create_job(id="job-r", kind=kind, authority=AUTHORITY, max_attempts=1)
+    for index in range(count):
+        store.enqueue_occurrence(job_id="job-r", scheduled_for=T0, trigger_key=f"t{index}")
+    claimed = store.claim_batch(owner_id="w", limit=count, lease_ms=600_000)
+    assert len(claimed) == count
+    return claimed
+
+
+def test_reserve_authority_never_overspends_a_budget(stores: list[SchedulerStore]) -> None:
+    """8 occurrences of one principal reserve at once against a budget of 3 runs: 3 reservations."""
+    occurrences = running_occurrences(stores[0], RACERS)
+    stores[0].ensure_authority_policy(AUTHORITY, window_ms=3_600_000, max_runs=3, max_units=100)
+    outcomes = race(
+        stores,
+        lambda store, i: store.reserve_authority(occurrence_id=occurrences[i].id, policy_revision=1),
+    )
+    refused = errors(outcomes)
+    assert len(oks(outcomes)) == 3, outcomes
+    assert len(refused) == RACERS - 3 and len(set(refused)) == 1, refused
+    assert len(dump_tables(stores[0])["scheduler_authority_reservations"]) == 3
+
+
+def test_reserve_authority_for_one_occurrence_reserves_once(stores: list[SchedulerStore]) -> None:
+    [occurrence] = running_occurrences(stores[0], 1)
+    stores[0].ensure_authority_policy(AUTHORITY, window_ms=3_600_000, max_runs=100, max_units=100)
+    outcomes = race(
+        stores, lambda store, i: store.reserve_authority(occurrence_id=occurrence.id, policy_revision=1)
+    )
+    reservations = dump_tables(stores[0])["scheduler_authority_reservations"]
+    assert len(reservations) == 1
+    assert len(oks(outcomes)) + len(errors(outcomes)) == RACERS
+    assert len({(r.occurrence_id, r.units) for r in oks(outcomes)}) <= 1
+
+
+def test_settle_of_one_lease_settles_once(stores: list[SchedulerStore]) -> None:
+    [occurrence] = running_occurrences(stores[0], 1)
+    outcomes = race(
+        stores,
+        lambda store, i: store.settle(
+            occurrence_id=occurrence.id,
+            owner_id="w",
+            fence=occurrence.fence,
+            outcome="succeeded",
+            result={"racer": i},
+        ),
+    )
+    assert len(oks(outcomes)) == 1, outcomes
+    assert set(errors(outcomes)) == {"SCHEDULER_LEASE_LOST"}
+    events = [e["event_type"] for e in dump_tables(stores[0])["events"]]
+    assert events.count("occurrence_succeeded") == 1
+
+
+def test_requeue_of_one_dead_letter_has_one_winner(stores: list[SchedulerStore]) -> None:
+    [occurrence] = running_occurrences(stores[0], 1)
+    dead = stores[0].settle(
+        occurrence_id=occurrence.id,
+        owner_id="w",
+        fence=occurrence.fence,
+        outcome="failed",
+        error={"code": "SMTP_DOWN", "message": "down"},
+        retryable=False,
+    )
+    assert dead.status == "dead_letter"
+    outcomes = race(
+        stores,
+        lambda store, i: store.requeue_dead_letter(
+            occurrence_id=dead.id,
+            expected_fence=dead.fence,
+            expected_error_code="SMTP_DOWN",
+            request_id=f"rq-{i}",
+        ),
+    )
+    assert len(oks(outcomes)) == 1, outcomes
+    assert len(errors(outcomes)) == RACERS - 1
+    assert len(dump_tables(stores[0])["scheduler_occurrence_retries"]) == 1
+
+
+def test_pause_requests_on_one_occurrence_have_one_winner(stores: list[SchedulerStore]) -> None:
+    [occurrence] = running_occurrences(stores[0], 1)
+    outcomes = race(
+        stores,
+        lambda store, i: store.request_occurrence_pause(
+            occurrence_id=occurrence.id,
+            expected_fence=occurrence.fence,
+            request_id=f"pause-{i}",
+            capability=CHECKPOINTS,
+        ),
+    )
+    assert len(oks(outcomes)) == 1, outcomes
+    assert len(errors(outcomes)) == RACERS - 1
+    assert len(dump_tables(stores[0])["scheduler_occurrence_controls"]) == 1
