@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from outbox_support import (
     start_workers,
     stop_workers,
 )
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -63,9 +63,33 @@ def kernel(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("engine_kind", ["plain", "sqlite_engine"])
+def begin_recipe_engine(path: Path) -> Engine:
+    """SQLAlchemy's documented pysqlite recipe: the driver's own transaction handling off, BEGIN
+    emitted from the engine's "begin" event."""
+    engine = create_engine(f"sqlite:///{path}")
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA foreign_keys = ON")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+ENGINES: dict[str, Callable[[Path], Engine]] = {
+    "plain": lambda path: create_engine(f"sqlite:///{path}"),
+    "sqlite_engine": sqlite_engine,
+    "begin_recipe": begin_recipe_engine,
+}
+
+
+@pytest.mark.parametrize("engine_kind", sorted(ENGINES))
 def test_a_read_on_a_fresh_connection_leaves_no_transaction(kernel: Path, engine_kind: str) -> None:
-    engine = create_engine(f"sqlite:///{kernel}") if engine_kind == "plain" else sqlite_engine(kernel)
+    engine = ENGINES[engine_kind](kernel)
     try:
         with engine.connect() as connection:
             store = SchedulerStore.on_connection(connection)
@@ -74,6 +98,25 @@ def test_a_read_on_a_fresh_connection_leaves_no_transaction(kernel: Path, engine
             assert not connection.in_transaction()
             assert not connection.connection.dbapi_connection.in_transaction  # type: ignore[union-attr]
             assert other_process_can_write(kernel)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("engine_kind", sorted(ENGINES))
+def test_a_write_on_a_fresh_connection_is_the_callers_to_commit(kernel: Path, engine_kind: str) -> None:
+    """A write autobegins the caller's transaction (as any SQLAlchemy statement would), whatever
+    the engine's BEGIN handling; it is durable once the caller commits, gone if it rolls back."""
+    engine = ENGINES[engine_kind](kernel)
+    try:
+        for commit in (False, True):
+            with engine.connect() as connection:
+                store = SchedulerStore.on_connection(connection)
+                store.enqueue_occurrence(job_id=JOB_ID, scheduled_for=1, trigger_key=f"w-{commit}")
+                assert connection.in_transaction()
+                connection.commit() if commit else connection.rollback()
+        with sqlite3.connect(kernel) as check:
+            keys = [row[0] for row in check.execute("SELECT trigger_key FROM occurrences ORDER BY 1")]
+        assert keys == ["w-True"]
     finally:
         engine.dispose()
 

@@ -604,7 +604,10 @@ class NestedRunner(_Base):
         driver: Any = self.conn.connection.dbapi_connection if self.conn.dialect.name == "sqlite" else None
         try:
             if driver is not None:
-                driver.execute(BEGIN_READ).close()
+                if not had_transaction:
+                    self.conn.begin()  # first: an engine's "begin" event may emit BEGIN itself
+                if self.dialect.driver_in_transaction(self.conn) is False:
+                    driver.execute(BEGIN_READ).close()
             return operation(self._tx(False, self._usable_fastpath()))
         except BaseException as error:
             if isinstance(error, SchedulerKernelError):

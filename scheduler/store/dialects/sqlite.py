@@ -115,7 +115,10 @@ def begin(conn: Connection, *, write: bool, fast: FastPath | None) -> None:
 def ensure_transaction(conn: Connection) -> None:
     """Before a SAVEPOINT in a caller's transaction: pysqlite starts its implicit transaction
     lazily, and a SAVEPOINT opened outside one would become the outermost transaction whose
-    RELEASE commits the caller's work."""
+    RELEASE commits the caller's work. SQLAlchemy's own begin comes first: an engine built with
+    the pysqlite recipe emits BEGIN from its "begin" event, and a second BEGIN would fail."""
+    if not conn.in_transaction():
+        conn.begin()
     if driver_in_transaction(conn) is False:
         conn.exec_driver_sql(BEGIN_WRITE)
 
