@@ -251,6 +251,11 @@ class FastPath:
     ) -> NoReturn:
         """SQLAlchemy's handling of a driver error (wrapping, events, invalidation); it raises."""
         self._cursor = None  # the handler closes the cursor
+        if not conn.in_transaction():
+            # A driver transaction the Connection did not begin (``OwnedRunner``): joined, so
+            # the handler does not roll it back behind the store's back (its "autorollback").
+            with suppress(Exception):
+                conn.begin()
         conn._handle_dbapi_exception(error, sql, arguments, cursor, None)
 
     def run_driver_sql(self, conn: Connection, sql: str) -> None:
@@ -260,6 +265,13 @@ class FastPath:
             cursor.execute(sql)
         except BaseException as error:
             self._failed(conn, error, sql, (), cursor)
+
+    def commit(self, conn: Connection) -> None:
+        """COMMIT the driver's transaction (errors wrapped as ``Connection.commit`` wraps them)."""
+        try:
+            self._dbapi.commit()
+        except BaseException as error:
+            conn._handle_dbapi_exception(error, None, None, None, None)
 
     def run(self, conn: Connection, prepared: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
         """(rows, rowcount) of executing ``prepared``; ``None`` if SQLAlchemy must execute it.

@@ -429,20 +429,22 @@ class OwnedRunner(_Base):
     def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
         returned = False
         self._prepare_driver()
-        transaction = self.conn.begin()
+        fast = self._usable_fastpath()
+        # With the fast path the transaction is the driver's own (BEGIN … COMMIT on it): the
+        # SQLAlchemy Connection only begins one if a statement falls back to its execution.
+        transaction = None if fast is not None else self.conn.begin()
         try:
-            fast = self._usable_fastpath()
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
             tx = self._tx(sample_clock, fast)
             result = operation(tx)
             self._notify_if_woken(wakes_workers(tx.events))
             returned = True
             changes = collect(tx)
-            transaction.commit()
+            self._commit(transaction, fast)
             changes.emit()
             return result
         except BaseException as error:
-            closed = self._rollback(transaction)
+            closed = self._rollback(transaction or self.conn.get_transaction())
             if isinstance(error, SchedulerKernelError):
                 raise
             # Once the body returned, COMMIT may have been applied: only a failure before it,
@@ -453,6 +455,15 @@ class OwnedRunner(_Base):
             if classified is None:
                 raise
             raise classified from error
+
+    def _commit(self, transaction: Any, fast: FastPath | None) -> None:
+        """COMMIT: the SQLAlchemy transaction begun (or auto-begun by a statement SQLAlchemy
+        executed), else the driver's own transaction of the fast path."""
+        transaction = transaction or self.conn.get_transaction()
+        if transaction is not None:
+            transaction.commit()
+        elif fast is not None:
+            fast.commit(self.conn)
 
     def _notify_if_woken(self, woken: bool) -> None:
         """One ``NOTIFY`` in this store-owned transaction when it made work claimable (API §9)."""
