@@ -298,7 +298,7 @@ def test_an_instrumented_connection_sees_every_statement(tmp_path: Path) -> None
     verbs = [" ".join(sql.split()[:2]) for sql in seen]
     assert verbs == [
         "BEGIN IMMEDIATE",
-        "SELECT due_queued.arm,",
+        "SELECT head_queued.arm,",  # the head probe decides a plain queue
         "UPDATE occurrences",
         "INSERT INTO",
         "BEGIN IMMEDIATE",

@@ -31,6 +31,8 @@ from scheduler.store.claim_query import (
     claim_next_prepared,
     continued_walk_statement,
     eligible_job_rows_statement,
+    head_probe_params,
+    head_probe_prepared,
     within_budget,
 )
 from scheduler.store.fastpath import StoredRow
@@ -196,11 +198,31 @@ def read_plan(tx: Tx, claim_filter: ClaimFilter, limit: int, done: set[str] | No
     ``done`` (concurrent writers only): the occurrences this transaction already claimed, swept
     or passed over; the plan leaves them out and tracks arms that may hold unread rows.
     """
+    if limit == 1 and done is None:
+        probed = _probed_plan(tx, claim_filter)
+        if probed is not None:
+            return probed
     rows = tx.all(claim_next_prepared(claim_filter), claim_next_params(tx.now, limit, claim_filter))
     plan = ClaimPlan(rows, tx.now, read_limit=None if done is None else limit, done=done)
     for arm, window_end, missing in plan.short_windows(limit):
         plan.extend(arm, due_rows_beyond_window(tx, arm, window_end, missing, claim_filter), missing)
     return plan
+
+
+def _probed_plan(tx: Tx, claim_filter: ClaimFilter) -> ClaimPlan | None:
+    """The plan of one claim decided by the due index heads alone, or ``None`` (read it all).
+
+    With no expired lease the claim could act on (nothing to sweep or reclaim), the seed's
+    choice is the earliest eligible due row; the earlier of the two due heads precedes every
+    other due row, so when it is claimable it is that choice (a plain queue: the common case).
+    """
+    rows = tx.all(head_probe_prepared(claim_filter), head_probe_params(tx.now, claim_filter))
+    if any(row.arm == ARM_EXPIRED for row in rows):
+        return None
+    if not rows:
+        return ClaimPlan((), tx.now)
+    head = min(rows, key=sort_key)
+    return ClaimPlan([head], tx.now) if claimable(head, tx.now) else None
 
 
 def due_rows_beyond_window(

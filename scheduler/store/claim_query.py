@@ -45,9 +45,11 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    type_coerce,
     union_all,
 )
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.sqltypes import NullType
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
@@ -255,6 +257,27 @@ def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
     return union_all(*arms, select(expired.subquery("expired")), *map(_window_marker, WINDOW_MARKERS))
 
 
+def _due_head(arm: str, jobs: ColumnElement[Any]) -> Select[Any]:
+    """The first due index entry of a waiting status, eligible or not (its checks as columns)."""
+    return (
+        select(*_columns(arm, jobs, null()))
+        .select_from(_WITH_CONTROL)
+        .where(o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
+        .order_by(*_claim_order(o))
+        .limit(1)
+    )
+
+
+def _build_head_probe(shape: Shape) -> CompoundSelect[Any]:
+    jobs = job_filter(shape)
+    untyped = type_coerce(jobs, NullType())  # job_ok as the driver returns it (as in _build_claim_next)
+    heads: list[Any] = [
+        select(_due_head(arm, untyped).subquery(f"head_{status}")) for arm, status in DUE_ARMS.items()
+    ]
+    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
+    return union_all(*heads, select(expired.subquery("expired")))
+
+
 def _target_arm() -> Select[Any]:
     return (
         select(*_columns(ARM_TARGET, job_filter((KIND_ANY, False)), null()))
@@ -268,6 +291,7 @@ _SHAPES: Final = [
 ]
 _CLAIM_NEXT: Final = {shape: _build_claim_next(shape) for shape in _SHAPES}
 _CLAIM_NEXT_PREPARED: Final = {shape: Prepared(statement) for shape, statement in _CLAIM_NEXT.items()}
+_HEAD_PROBE_PREPARED: Final = {shape: Prepared(_build_head_probe(shape)) for shape in _SHAPES}
 CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
 )
@@ -297,6 +321,21 @@ def claim_next_params(now: int, limit: int, claim_filter: ClaimFilter) -> dict[s
     params["arm_limit"] = limit
     params["expired_limit"] = EXPIRED_PROBE + limit
     params["window_last"] = WINDOW + limit - 2  # a window of WINDOW + limit - 1 due entries
+    return params
+
+
+def head_probe_prepared(claim_filter: ClaimFilter) -> Prepared:
+    """The cheap first read of a single claim: the first due entry of each waiting status
+    (eligible or not, with the checks as columns) and at most one expired lease the call could
+    act on (params: :func:`head_probe_params`). When no such lease exists and the earlier of the
+    two heads is claimable, that head is what the full statement would choose."""
+    return _HEAD_PROBE_PREPARED[claim_filter.shape]
+
+
+def head_probe_params(now: int, claim_filter: ClaimFilter) -> dict[str, Any]:
+    params = claim_filter.params()
+    params["now"] = now
+    params["expired_limit"] = 1
     return params
 
 
