@@ -31,7 +31,7 @@ from scheduler.contract.canonical import canonical_json
 from scheduler.schema import tables as t
 from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.occurrence_rows import event_data_json
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 T0 = 1767225600000
 AUTHORITY = {

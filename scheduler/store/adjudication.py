@@ -50,7 +50,7 @@ from scheduler.store.records import (
     ReservationSummary,
 )
 from scheduler.store.rows import read_stored_authority, read_stored_json
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 OUTCOME_UNKNOWN_CODE: Final = re.compile(r"[A-Z0-9_]+_OUTCOME_UNKNOWN")
 CANDIDATE_SCAN_LIMIT: Final = 1000

@@ -40,7 +40,7 @@ from scheduler.store.fastpath import Prepared
 from scheduler.store.jobs import not_found
 from scheduler.store.records import AuthorityPolicy, AuthorityReservation, Occurrence
 from scheduler.store.rows import data_corrupt, map_occurrence, read_stored_json
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 POLICY_CONFLICT = "SCHEDULER_AUTHORITY_POLICY_CONFLICT"
 

@@ -7,7 +7,8 @@ from typing import TypeVar
 
 from sqlalchemy import Connection
 
-from scheduler.store.session import SERVER_CLOCK, Clock, Runner, Tx
+from scheduler.store.session import SERVER_CLOCK, Runner
+from scheduler.store.tx import Clock, Tx
 
 T = TypeVar("T")
 

@@ -40,7 +40,7 @@ from scheduler.schema import tables as t
 from scheduler.store.claim_plan import claimable, sort_key, sweepable
 from scheduler.store.claim_query import LOCKED_ROWS
 from scheduler.store.fastpath import Prepared, StoredRow
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 _o = t.occurrences
 LOCK_CANDIDATES: Final = Prepared(

@@ -36,7 +36,7 @@ from scheduler.store.claim_query import (
     within_budget,
 )
 from scheduler.store.fastpath import StoredRow
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 DUE_STREAMS: Final = (ARM_QUEUED, ARM_RETRY_WAIT)
 

@@ -28,7 +28,7 @@ from scheduler.contract.constants import DEAD_LETTER
 from scheduler.schema import tables as t
 from scheduler.store.dialect import glob_match, json_text_field
 from scheduler.store.fastpath import Prepared, StoredRow
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 EVENT_SCAN_BUDGET = 10_000
 """Events the walk may read before the seed's query answers instead."""

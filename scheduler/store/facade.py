@@ -24,8 +24,9 @@ from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
 from scheduler.store.runtime_control import RuntimeControlOperations
-from scheduler.store.session import SERVER_CLOCK, Clock, NestedRunner, OwnedRunner, Runner, Tx
+from scheduler.store.session import SERVER_CLOCK, NestedRunner, OwnedRunner, Runner
 from scheduler.store.stats import StatsOperations
+from scheduler.store.tx import Clock, Tx
 from scheduler.store.worker_reads import WorkerReadOperations
 
 

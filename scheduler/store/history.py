@@ -16,7 +16,7 @@ from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Event, Occurrence
 from scheduler.store.rows import map_event
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 
 def _history(by_occurrence: bool, by_job: bool) -> Prepared:

@@ -22,7 +22,7 @@ from scheduler.store.dialect import insert_ignoring_conflict
 from scheduler.store.fastpath import Prepared
 from scheduler.store.records import Job
 from scheduler.store.rows import map_job
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 _OMITTED: Any = MISSING
 PATCH_FIELDS = ("kind", "trigger", "payload", "authority", "enabled", "maxAttempts")

@@ -34,7 +34,6 @@ from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.jobs import not_found
 from scheduler.store.occurrence_rows import EventLog, occurrence_record, validate_batch
 from scheduler.store.records import Occurrence, SettledAndClaimed
-from scheduler.store.session import Tx
 from scheduler.store.settlement import (
     APPLY_ADJUDICATION,
     SETTLE_RESERVATION,
@@ -45,6 +44,7 @@ from scheduler.store.settlement import (
     settle_in,
     settle_many_in,
 )
+from scheduler.store.tx import Tx
 
 MAX_CLAIM_BATCH: Final = 1000
 LEASE_EXPIRED_ERROR: Final = {

@@ -17,7 +17,7 @@ from scheduler.contract.constants import MAX_JSON_BYTES, MAX_SAFE_INTEGER
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.store.records import Occurrence
 from scheduler.store.rows import read_stored_authority, read_stored_json
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 T = TypeVar("T")
 

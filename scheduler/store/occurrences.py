@@ -29,7 +29,7 @@ from scheduler.store.occurrence_rows import (
 )
 from scheduler.store.records import Occurrence
 from scheduler.store.rows import data_corrupt, map_job
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 OMITTED: Final[Any] = MISSING  # payload not given: the job's payload is used
 """Default of ``payload``: the job's payload is used (``None`` is the JSON ``null``)."""

@@ -35,7 +35,7 @@ from scheduler.store.base import StoreBase
 from scheduler.store.dialect import glob_match, json_text_field
 from scheduler.store.occurrence_rows import chunks
 from scheduler.store.records import Record
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 from scheduler.store.worker_reads import latest_ticks_in
 
 PRUNABLE_STATUSES: Final = (SUCCEEDED, DEAD_LETTER)

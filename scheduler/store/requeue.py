@@ -24,7 +24,7 @@ from scheduler.store.authority import (
 from scheduler.store.base import StoreBase
 from scheduler.store.records import Occurrence, RequeueResult
 from scheduler.store.rows import read_optional_json
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 REQUEUE_CONFLICT = "SCHEDULER_REQUEUE_CONFLICT"
 

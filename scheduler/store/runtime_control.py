@@ -50,8 +50,8 @@ from scheduler.store.runtime_reads import (
     normalize_runtime_control_enumeration,
     normalize_runtime_control_limit,
 )
-from scheduler.store.session import Tx
 from scheduler.store.settlement import lease_lost
+from scheduler.store.tx import Tx
 
 RESUME_REQUEST_LOCKS = "resume_request"
 

@@ -23,7 +23,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.records import ControlSummary, OccurrenceControl, RuntimeControlOccurrence
 from scheduler.store.rows import data_corrupt, read_stored_json
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 # --------------------------------------------------------------------------- mapping
 

@@ -27,8 +27,8 @@ from scheduler.store.occurrence_rows import (
     with_index,
 )
 from scheduler.store.records import Occurrence
-from scheduler.store.session import Tx
 from scheduler.store.telemetry import log_lease_lost
+from scheduler.store.tx import Tx
 
 DEFAULT_ERROR: Final = {"code": "execution_failed", "message": "Execution failed"}
 SETTLE_FIELDS: Final = frozenset(

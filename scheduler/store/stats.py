@@ -20,7 +20,7 @@ from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import glob_match, json_text_field
 from scheduler.store.records import Record
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 DEPTH_STATUSES: Final = (QUEUED, RUNNING, RETRY_WAIT, DEAD_LETTER)
 """Statuses broken down by job kind (``succeeded`` is only counted in total)."""

@@ -32,7 +32,7 @@ from scheduler.store.fastpath import Prepared
 
 if TYPE_CHECKING:
     from scheduler.store.records import Occurrence
-    from scheduler.store.session import Tx
+    from scheduler.store.tx import Tx
 
 EVENTS_LOGGER: Final = "scheduler.events"
 events_log = logging.getLogger(EVENTS_LOGGER)

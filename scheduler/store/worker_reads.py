@@ -30,7 +30,7 @@ from scheduler.store.runtime_reads import (
     normalize_runtime_control_enumeration,
     normalize_runtime_control_limit,
 )
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 PERIODIC_TRIGGER_TYPES: Final = ("cron", "interval", "once")
 TICK_PREFIXES: Final = ("cron:", "interval:", "once:")

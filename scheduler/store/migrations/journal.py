@@ -26,7 +26,7 @@ from scheduler.store.migrations.plan import MigrationPlan, PlanEntry, attempt_ma
 from scheduler.store.migrations.queries import migration_error
 from scheduler.store.records import DomainMigration, DomainMigrationEntry, Job
 from scheduler.store.rows import data_corrupt
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 STATE_CONFLICT: Final = "SCHEDULER_MIGRATION_STATE_CONFLICT"
 CONFLICT: Final = "SCHEDULER_MIGRATION_CONFLICT"

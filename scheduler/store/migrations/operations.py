@@ -20,7 +20,7 @@ from scheduler.store.migrations import queries as q
 from scheduler.store.migrations.mapping import map_domain_migration
 from scheduler.store.migrations.plan import normalize_domain_migration_plan
 from scheduler.store.records import DomainMigration, DomainMigrationEntry
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 T = TypeVar("T")
 

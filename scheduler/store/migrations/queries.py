@@ -13,7 +13,7 @@ from scheduler.store.migrations.locators import encode_optional_source_locator
 from scheduler.store.migrations.mapping import map_domain_migration, map_domain_migration_entry
 from scheduler.store.migrations.plan import PlanEntry
 from scheduler.store.records import DomainMigration, DomainMigrationEntry
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 MIGRATION_NOT_FOUND: Final = "SCHEDULER_MIGRATION_NOT_FOUND"
 ROLLED_BACK: Final = "rolled_back"

@@ -21,7 +21,7 @@ from scheduler.store.jobs import create_job_in, load_job, update_job_in
 from scheduler.store.migrations.queries import migration_error
 from scheduler.store.records import DomainMigration, DomainMigrationEntry, Job
 from scheduler.store.rows import data_corrupt
-from scheduler.store.session import Tx
+from scheduler.store.tx import Tx
 
 TARGET_CHANGED: Final = "SCHEDULER_MIGRATION_TARGET_CHANGED"
 EXECUTION_EVIDENCE: Final = "SCHEDULER_MIGRATION_EXECUTION_EVIDENCE"

@@ -1,0 +1,183 @@
+"""The view one store operation has of its transaction: ``Tx``.
+
+A runner (:mod:`scheduler.store.session`) opens the transaction, samples the clock and hands
+the operation a ``Tx``: statement execution through the schema target (and the SQLite fast
+path), the call's ``now``, key locks, and the event rows the call appends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, TypeVar, overload
+
+from sqlalchemy import Connection, Row, insert
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.sql import Executable
+
+from scheduler.contract.canonical import canonical_json
+from scheduler.contract.errors import SchedulerKernelError
+from scheduler.contract.scalars import normalize_epoch_ms
+from scheduler.schema import tables as t
+from scheduler.store.fastpath import FastPath, Prepared
+
+T = TypeVar("T")
+Clock = Callable[[], int]
+KeyLocks = Callable[[Connection, str, list[str]], None]
+
+
+def read_clock(clock: Clock) -> int:
+    """One clock reading, checked to be an epoch-ms integer."""
+    return normalize_epoch_ms(clock(), "clock result")
+
+
+EVENT_INSERT: Final = Prepared(insert(t.events))
+"""One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
+
+
+class Tx:
+    """One transaction as seen by an operation: the connection, ``now`` and small helpers.
+
+    ``all``/``first``/``changes`` run a :class:`~scheduler.store.fastpath.Prepared` hot statement
+    through the compile-once fast path when it is usable, else like ``execute``. Every statement
+    reaches the scheduler's tables through the store's schema (``options`` carries its
+    ``schema_translate_map`` per statement, so a caller's connection is never altered).
+    """
+
+    __slots__ = (
+        "_fast",
+        "_key_locks",
+        "_now",
+        "_sampler",
+        "_uuid_factory",
+        "concurrent",
+        "conn",
+        "events",
+        "options",
+    )
+
+    def __init__(
+        self,
+        conn: Connection,
+        now: int | None,
+        uuid_factory: Callable[[], str],
+        fast: FastPath | None = None,
+        options: dict[str, Any] | None = None,
+        sampler: Clock | None = None,
+        key_locks: KeyLocks | None = None,
+        *,
+        concurrent: bool = False,
+    ) -> None:
+        self.conn = conn
+        self.concurrent = concurrent
+        """Other write transactions may run at the same time (PostgreSQL): a row read without a
+        lock may change before this one writes it (``StoreDialect.CONCURRENT_WRITERS``)."""
+        self._now = now
+        self._sampler = sampler
+        self._key_locks = key_locks
+        self._uuid_factory = uuid_factory
+        self._fast = fast
+        self.options = options
+        self.events: list[dict[str, Any]] = []
+        """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
+
+    @property
+    def now(self) -> int:
+        """The call's time in epoch ms: the injected clock's sample taken when the transaction
+        began, or the server clock (PostgreSQL, ``clock=None``) read once, on first use, which
+        the operations reach only after locking the rows they decide on (API §8)."""
+        now = self._now
+        if now is None:
+            if self._sampler is None:
+                raise RuntimeError("this transaction was opened without a clock sample")
+            now = self._now = read_clock(self._sampler)
+        return now
+
+    def lock_keys(self, scope: str, keys: Iterable[str]) -> None:
+        """Hold ``keys`` of ``scope`` until the transaction ends: a concurrent transaction locking
+        one of them waits, so a read-check-create step on a row that may not exist yet runs as in
+        some serial order. PostgreSQL: advisory transaction locks, taken in sorted order; SQLite:
+        nothing (``BEGIN IMMEDIATE`` already serializes writers)."""
+        if self._key_locks is not None:
+            self._key_locks(self.conn, scope, sorted(set(keys)))
+
+    def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
+        fast = self._fast
+        return None if fast is None else fast.run(self.conn, statement, parameters)
+
+    def execute(self, statement: Executable | Prepared, parameters: Any = None) -> CursorResult[Any]:
+        if isinstance(statement, Prepared):
+            statement = statement.statement
+        return self.conn.execute(statement, parameters, execution_options=self.options)
+
+    def all(self, statement: Executable | Prepared, parameters: Any = None) -> Sequence[Any]:
+        """Every result row (SQLAlchemy rows, or fast-path rows with the same attribute access)."""
+        if isinstance(statement, Prepared):
+            done = self._run(statement, parameters)
+            if done is not None:
+                return done[0]
+        return self.execute(statement, parameters).all()
+
+    @overload
+    def first(self, statement: Prepared, parameters: Any = None) -> Any: ...
+
+    @overload
+    def first(self, statement: Executable, parameters: Any = None) -> Row[Any] | None: ...
+
+    def first(self, statement: Executable | Prepared, parameters: Any = None) -> Any:
+        """The first result row, or ``None``."""
+        if isinstance(statement, Prepared):
+            done = self._run(statement, parameters)
+            if done is not None:
+                return done[0][0] if done[0] else None
+        return self.execute(statement, parameters).first()
+
+    def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        return self.execute(statement, parameters).scalar()
+
+    def changes(self, statement: Executable | Prepared, parameters: Any = None) -> int:
+        """Run a DML statement (``executemany`` for a list of dicts); how many rows it changed.
+
+        A driver that cannot count an ``executemany`` (asyncpg) runs the parameter sets one by
+        one, so the count stays exact (the compare-and-set checks rely on it).
+        """
+        if isinstance(statement, Prepared):
+            done = self._run(statement, parameters)
+            if done is not None:
+                return done[1]
+        if isinstance(parameters, list) and not self.conn.dialect.supports_sane_multi_rowcount:
+            return sum(int(self.execute(statement, one).rowcount) for one in parameters)
+        return int(self.execute(statement, parameters).rowcount)
+
+    def new_uuid(self) -> str:
+        value = self._uuid_factory()
+        if not isinstance(value, str):
+            raise SchedulerKernelError("SCHEDULER_INVALID_ARGUMENT", "uuidFactory must return a string")
+        return value
+
+    def append_event(
+        self,
+        *,
+        job_id: str,
+        type: str,
+        occurrence_id: str | None = None,
+        owner_id: str | None = None,
+        fence: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """Append one row to the event history (occurred at ``now``)."""
+        row = {
+            "job_id": job_id,
+            "occurrence_id": occurrence_id,
+            "event_type": type,
+            "occurred_at": self.now,
+            "owner_id": owner_id,
+            "fence": fence,
+            "data_json": canonical_json({} if data is None else data, "event.data"),
+        }
+        self.changes(EVENT_INSERT, row)
+        self.events.append(row)
+
+    def insert_events(self, rows: list[dict[str, Any]]) -> None:
+        """Append several event rows (one ``executemany``)."""
+        self.changes(EVENT_INSERT, rows)
+        self.events.extend(rows)
