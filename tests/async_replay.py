@@ -18,15 +18,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from backends import POSTGRESQL, SQLITE, configured_url, unique_name
-from replay import NotApplicable, SqliteFileBackend
-from sqlalchemy import create_engine
+from backends import POSTGRESQL, SQLITE
+from replay import PostgresSchemaBackend, SqliteFileBackend
 from sqlalchemy.engine import URL
-from sqlalchemy.pool import NullPool
 
-from scheduler import SchedulerStore, open_store
+from scheduler import SchedulerStore
 from scheduler.aio import AsyncSchedulerStore, open_async_store
-from scheduler.schema.target import quote_identifier
 
 
 class BlockingAsyncStore:
@@ -90,44 +87,6 @@ class AsyncReplayBackend:
             self.loop.close()
 
 
-class PostgresSchemaBackend:
-    """A fresh schema on the test server (``SCHEDULER_TEST_POSTGRES_URL``), dropped on cleanup.
-
-    Traces that start from a recorded SQLite file do not apply (API §8); event ids are compared
-    renumbered densely in order (PostgreSQL's may have gaps); ``sqlite_sequence`` is SQLite's.
-    """
-
-    def __init__(self, url: URL) -> None:
-        self.url = url
-        self.schema = unique_name("t_aio_replay")
-
-    def prepare(self, trace: dict[str, Any]) -> None:
-        if trace.get("initial_db"):
-            raise NotApplicable("the trace starts from a recorded SQLite file")
-
-    def open(self, **options: Any) -> SchedulerStore:
-        """The synchronous store (psycopg) on this schema: the reference for the async drivers."""
-        return open_store(self.url.render_as_string(hide_password=False), schema=self.schema, **options)
-
-    def header(self) -> dict[str, Any]:
-        return {}
-
-    def expected_tables(self, tables: dict[str, Any]) -> dict[str, Any]:
-        return {name: rows for name, rows in tables.items() if name != "sqlite_sequence"}
-
-    def event_ranks(self, tables: dict[str, Any]) -> dict[int, int]:
-        ids = sorted(row["event_id"] for row in tables.get("events", []))
-        return {event_id: rank for rank, event_id in enumerate(ids, start=1)}
-
-    def cleanup(self) -> None:
-        engine = create_engine(self.url, poolclass=NullPool)
-        try:
-            with engine.begin() as connection:
-                connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quote_identifier(self.schema)} CASCADE")
-        finally:
-            engine.dispose()
-
-
 def _async_url(url: URL, driver: str) -> str:
     return url.set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
 
@@ -137,12 +96,9 @@ def sqlite_backend(directory: Path) -> AsyncReplayBackend:
     return AsyncReplayBackend(SqliteFileBackend(directory), lambda inner: inner.path)
 
 
-def sync_postgresql_backend(_directory: Path) -> PostgresSchemaBackend:
+def sync_postgresql_backend(directory: Path) -> PostgresSchemaBackend:
     """The synchronous store on a fresh schema (what the async drivers are compared with)."""
-    url = configured_url()
-    if url is None:
-        raise RuntimeError("SCHEDULER_TEST_POSTGRES_URL is not set")
-    return PostgresSchemaBackend(url)
+    return PostgresSchemaBackend(directory)
 
 
 def postgresql_backend(driver: str) -> Callable[[Path], AsyncReplayBackend]:
@@ -150,7 +106,9 @@ def postgresql_backend(driver: str) -> Callable[[Path], AsyncReplayBackend]:
 
     def make(directory: Path) -> AsyncReplayBackend:
         inner = sync_postgresql_backend(directory)
-        return AsyncReplayBackend(inner, lambda _inner: _async_url(inner.url, driver), schema=inner.schema)
+        return AsyncReplayBackend(
+            inner, lambda _inner: _async_url(inner.server.url, driver), schema=inner.schema
+        )
 
     return make
 
