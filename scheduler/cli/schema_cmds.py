@@ -318,6 +318,20 @@ def _integrity(connection: Connection) -> dict[str, Any]:
     return {"ok": True}
 
 
+def _catalog_report(
+    connection: Connection, fingerprint: str, expected: str | None, tables: dict[str, int]
+) -> dict[str, Any]:
+    """The part of ``info`` both backends share: fingerprint, migrations, row and status counts."""
+    return {
+        "fingerprint": {"actual": fingerprint, "expected": expected, "matches": fingerprint == expected},
+        "migrations": [row.to_dict() for row in queries.migration_rows(connection)]
+        if "migrations" in tables
+        else [],
+        "tables": tables,
+        "occurrences": queries.occurrence_status_counts(connection) if "occurrences" in tables else {},
+    }
+
+
 def _info(path: Path) -> dict[str, Any]:
     with readonly_connection(str(path)) as (_, connection):
         version = catalog.read_pragma_int(connection, "user_version")
@@ -337,16 +351,7 @@ def _info(path: Path) -> dict[str, Any]:
                 "latestSchema": LATEST_VERSION,
                 "applicationId": catalog.read_pragma_int(connection, "application_id"),
             },
-            "fingerprint": {
-                "actual": fingerprint,
-                "expected": ddl.SCHEMA_FINGERPRINTS.get(version),
-                "matches": fingerprint == ddl.SCHEMA_FINGERPRINTS.get(version),
-            },
-            "migrations": [row.to_dict() for row in queries.migration_rows(connection)]
-            if "migrations" in tables
-            else [],
-            "tables": tables,
-            "occurrences": queries.occurrence_status_counts(connection) if "occurrences" in tables else {},
+            **_catalog_report(connection, fingerprint, ddl.SCHEMA_FINGERPRINTS.get(version), tables),
         }
 
 
@@ -370,16 +375,7 @@ def _info_postgresql(target: str, schema: str | None) -> dict[str, Any]:
                 "latestSchema": LATEST_VERSION,
                 "applicationId": None,
             },
-            "fingerprint": {
-                "actual": fingerprint,
-                "expected": ddl.PG_SCHEMA_FINGERPRINTS.get(version),
-                "matches": fingerprint == ddl.PG_SCHEMA_FINGERPRINTS.get(version),
-            },
-            "migrations": [row.to_dict() for row in queries.migration_rows(connection)]
-            if "migrations" in tables
-            else [],
-            "tables": tables,
-            "occurrences": queries.occurrence_status_counts(connection) if "occurrences" in tables else {},
+            **_catalog_report(connection, fingerprint, ddl.PG_SCHEMA_FINGERPRINTS.get(version), tables),
         }
 
 
