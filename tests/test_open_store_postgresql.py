@@ -4,7 +4,8 @@ A PostgreSQL store is opened from a ``postgresql://`` or ``postgresql+psycopg://
 psycopg Engine; another driver is refused. Opening an empty schema creates v6 in one
 transaction, every open verifies the catalog, and two processes opening an empty database at
 once both succeed. ``clock=None`` is the server's ``clock_timestamp()``; an injected clock wins.
-``busy_timeout_ms`` is the store connection's ``lock_timeout``, reset when the store closes.
+``busy_timeout_ms`` is the store connection's ``lock_timeout``; the connection also plans without bitmap
+scans (``postgresql.PLANNER_SQL``); both are reset when the store closes.
 """
 
 from __future__ import annotations
@@ -186,15 +187,17 @@ def test_the_server_clock_is_read_after_the_rows_are_locked(pg_engine: Engine, p
         assert updated and updated[0] >= released
 
 
-def test_busy_timeout_is_the_lock_timeout_of_the_store_connection(pg_engine: Engine, pg_schema: str) -> None:
+def test_busy_timeout_and_planner_setting_of_the_store_connection(pg_engine: Engine, pg_schema: str) -> None:
     engine = create_engine(pg_engine.url, poolclass=QueuePool, pool_size=1, max_overflow=0)
     try:
         store = open_store(engine, schema=pg_schema, busy_timeout_ms=1234, clock=lambda: T0)
         assert store.connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1234ms"
+        assert store.connection.exec_driver_sql("SHOW enable_bitmapscan").scalar_one() == "off"
         store.connection.rollback()
         store.close()
         with engine.connect() as connection:  # the same pooled connection, as it came
             assert connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "0"
+            assert connection.exec_driver_sql("SHOW enable_bitmapscan").scalar_one() == "on"
         with open_store(engine, schema=pg_schema, busy_timeout_ms=0, clock=lambda: T0) as store:
             assert store.connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1ms"
             store.connection.rollback()

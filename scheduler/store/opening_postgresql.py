@@ -1,9 +1,10 @@
 """``open_store`` on PostgreSQL (psycopg 3): the URL or Engine, the store's connection, v6.
 
-The store's connection runs READ COMMITTED with ``lock_timeout`` set from ``busy_timeout_ms``;
+The store's connection runs READ COMMITTED with ``lock_timeout`` set from ``busy_timeout_ms`` and
+without bitmap scans (``postgresql.PLANNER_SQL``);
 opening creates the schema (empty → v6 in one transaction, serialized between processes by the
 schema layer's advisory lock) or upgrades it, and verifies the catalog every time. The
-connection goes back to its pool as it came (isolation level by SQLAlchemy, lock timeout reset).
+connection goes back to its pool as it came (isolation level by SQLAlchemy, settings reset).
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ def own_engine(url: str) -> Engine:
 
 
 def prepare_connection(conn: Connection, timeout_ms: int) -> None:
-    """READ COMMITTED (reset by the pool on release) and the lock timeout, committed: on the
-    store's connection when it opens, and on each new driver connection after a reconnect."""
+    """READ COMMITTED (reset by the pool on release), the lock timeout and the planner setting
+    (:data:`postgresql.PLANNER_SQL`), committed: on the store's connection when it opens, and on
+    each new driver connection after a reconnect."""
     conn.execution_options(isolation_level=postgresql.ISOLATION_LEVEL)
     conn.exec_driver_sql(postgresql.lock_timeout_sql(timeout_ms))
+    conn.exec_driver_sql(postgresql.PLANNER_SQL)
     conn.commit()
 
 
@@ -91,11 +94,12 @@ def connect(
 
 
 def release(conn: Connection) -> None:
-    """End any transaction, reset the lock timeout and close; never raises."""
+    """End any transaction, reset the lock timeout and the planner setting and close; never raises."""
     with suppress(Exception):
         if conn.in_transaction():
             conn.rollback()
         conn.exec_driver_sql(postgresql.RESET_LOCK_TIMEOUT_SQL)
+        conn.exec_driver_sql(postgresql.RESET_PLANNER_SQL)
         conn.commit()
     close_quietly(conn)
 

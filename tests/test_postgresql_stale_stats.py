@@ -1,0 +1,96 @@
+"""The claim stays a bounded index walk on PostgreSQL before ``occurrences`` is analyzed.
+
+Right after a burst of ``enqueue_many`` (no ANALYZE yet: the suite's server runs without
+autovacuum, so the table here is never analyzed) the planner estimates a handful of due rows.
+With its default settings it then reads every due row (a bitmap scan) and sorts them for each
+window probe of the claim statement. The statement the store ran is captured and EXPLAINed
+(ANALYZE) on the store's own connection with the same parameters, as a custom and as a generic
+plan (psycopg prepares a statement after five executions): no node may read more than the window.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from psycopg import Connection as DriverConnection
+from psycopg import sql
+from sqlalchemy import Engine, event
+from test_postgresql_claims import enqueue
+from test_postgresql_races import T0
+
+from scheduler import open_store
+from scheduler.bench.pg_depth import plan_nodes
+from scheduler.store import claim_query
+from scheduler.store.leases import CONTENDED_EXTRA
+
+DEPTH = 3000
+WINDOW_ROWS = claim_query.WINDOW + 1 + CONTENDED_EXTRA
+"""What one probe of a claim (``1 + CONTENDED_EXTRA`` candidates) may read: its window."""
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@contextmanager
+def captured_claim(engine: Engine) -> Iterator[list[tuple[Any, str, dict[str, Any]]]]:
+    """(driver connection, SQL, parameters) of each claim candidate statement run meanwhile."""
+    captured: list[tuple[Any, str, dict[str, Any]]] = []
+
+    def grab(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "due_queued" in statement:
+            captured.append((cursor.connection, statement, dict(parameters)))
+
+    event.listen(engine, "before_cursor_execute", grab)
+    try:
+        yield captured
+    finally:
+        event.remove(engine, "before_cursor_execute", grab)
+
+
+def executed_plans(
+    driver: DriverConnection[Any], statement: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``EXPLAIN ANALYZE`` of the statement prepared on ``driver``: its custom, then its generic plan."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = _PLACEHOLDER.sub(number, statement).replace("%%", "%")
+    arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
+    plans = []
+    driver.execute(sql.SQL("PREPARE stale_stats_claim AS {}").format(sql.SQL(text)))  # type: ignore[arg-type]
+    try:
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            driver.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            explained = driver.execute(
+                sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE stale_stats_claim({})").format(arguments)
+            ).fetchone()
+            assert explained is not None
+            plans.append(explained[0][0]["Plan"])
+    finally:
+        driver.execute("DEALLOCATE stale_stats_claim")
+        driver.rollback()  # ends the EXPLAINs' transaction (and the SET LOCALs) on the store's connection
+    return plans
+
+
+def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(pg_engine: Engine, pg_schema: str) -> None:
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        ids = enqueue(store, DEPTH)
+        with captured_claim(pg_engine) as captured:
+            claimed = store.claim_next(owner_id="w", lease_ms=60_000)
+        assert claimed is not None and claimed.id == ids[0]
+        (driver, statement, params), *_ = captured
+        for plan in executed_plans(driver, statement, params):
+            reads = {
+                node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
+                for node in plan_nodes(plan)
+                if node.get("Relation Name") == "occurrences"
+            }
+            assert reads and max(reads.values()) <= WINDOW_ROWS, reads
+    finally:
+        store.close()
