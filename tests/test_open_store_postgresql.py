@@ -5,7 +5,7 @@ psycopg Engine; another driver is refused. Opening an empty schema creates v6 in
 transaction, every open verifies the catalog, and two processes opening an empty database at
 once both succeed. ``clock=None`` is the server's ``clock_timestamp()``; an injected clock wins.
 ``busy_timeout_ms`` is the store connection's ``lock_timeout``; the connection also plans without bitmap
-scans (``postgresql.PLANNER_SQL``); both are reset when the store closes.
+scans (``opening_postgresql.PLANNER_SQL``); both are reset when the store closes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 For each depth: a fresh schema, ``enqueue_many`` of that many due occurrences (1,000 a call), no
 ANALYZE, then ``--claims`` claims, timed one by one, on the store's connection as it opens (no
-bitmap scans, ``postgresql.PLANNER_SQL``) and with the planner's defaults put back on it
+bitmap scans, ``opening_postgresql.PLANNER_SQL``) and with the planner's defaults put back on it
 (``SET enable_bitmapscan = on``: the claim as it ran before). Both runs set ``synchronous_commit =
 off`` on the store's connection so the figure is the claim's reads, not each commit's fsync.
 Printed: the median claim, and the mean of the first ten (psycopg prepares a statement after five

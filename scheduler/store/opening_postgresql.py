@@ -1,7 +1,7 @@
 """``open_store`` on PostgreSQL (psycopg 3): the URL or Engine, the store's connection, v6.
 
 The store's connection runs READ COMMITTED with ``lock_timeout`` set from ``busy_timeout_ms`` and
-without bitmap scans (``postgresql.PLANNER_SQL``);
+without bitmap scans (``PLANNER_SQL``);
 opening creates the schema (empty → v6 in one transaction, serialized between processes by the
 schema layer's advisory lock) or upgrades it, and verifies the catalog every time. The
 connection goes back to its pool as it came (isolation level by SQLAlchemy, settings reset).
@@ -31,6 +31,19 @@ log = logging.getLogger("scheduler.store")
 PSYCOPG_DRIVER: Final = "postgresql+psycopg"
 BACKEND_NAMES: Final = ("postgresql", "postgres")
 
+PLANNER_SQL: Final = "SET enable_bitmapscan = off"
+"""The store's own connection plans without bitmap scans.
+
+Before ``occurrences`` is analyzed (or while its statistics predate a burst of enqueues), the
+planner estimates a handful of due rows and serves the claim's ``ORDER BY … LIMIT`` probes with a
+bitmap scan of every due row and a sort: cost grows with the queue's depth (20k due rows: ~14 ms a
+claim). Without bitmap scans the cheapest plan for any row estimate is the ordered walk of
+``scheduler_occurrences_claim`` that stops after the window (a sequential scan costs the whole
+table), custom or generic. The store's statements reach rows through ordered walks and key
+lookups (no OR over indexed columns), so they lose nothing else. A caller's connection
+(``on_connection``) keeps its own settings."""
+RESET_PLANNER_SQL: Final = "RESET enable_bitmapscan"
+
 
 def psycopg_url(url: URL) -> URL:
     """``postgresql://`` is taken as psycopg 3; another PostgreSQL driver is refused
@@ -58,11 +71,11 @@ def own_engine(url: str) -> Engine:
 
 def prepare_connection(conn: Connection, timeout_ms: int) -> None:
     """READ COMMITTED (reset by the pool on release), the lock timeout and the planner setting
-    (:data:`postgresql.PLANNER_SQL`), committed: on the store's connection when it opens, and on
+    (:data:`PLANNER_SQL`), committed: on the store's connection when it opens, and on
     each new driver connection after a reconnect."""
     conn.execution_options(isolation_level=postgresql.ISOLATION_LEVEL)
     conn.exec_driver_sql(postgresql.lock_timeout_sql(timeout_ms))
-    conn.exec_driver_sql(postgresql.PLANNER_SQL)
+    conn.exec_driver_sql(PLANNER_SQL)
     conn.commit()
 
 
@@ -99,7 +112,7 @@ def release(conn: Connection) -> None:
         if conn.in_transaction():
             conn.rollback()
         conn.exec_driver_sql(postgresql.RESET_LOCK_TIMEOUT_SQL)
-        conn.exec_driver_sql(postgresql.RESET_PLANNER_SQL)
+        conn.exec_driver_sql(RESET_PLANNER_SQL)
         conn.commit()
     close_quietly(conn)
 

@@ -153,7 +153,7 @@ def list_runtime_control_occurrences_in(
         )
         .select_from(o.join(j, j.c.job_id == o.c.job_id).outerjoin(c, c.c.occurrence_id == o.c.occurrence_id))
         # The IN repeats what ``controllable`` requires, as an index condition: the store's
-        # connection plans without bitmap scans (``postgresql.PLANNER_SQL``), so an OR alone
+        # connection plans without bitmap scans (``opening_postgresql.PLANNER_SQL``), so an OR alone
         # would read every occurrence.
         .where(o.c.status.in_((RUNNING, RETRY_WAIT)), controllable, runtime_status.in_(statuses))
         .order_by(o.c.updated_at.desc(), o.c.occurrence_id.asc())

@@ -189,19 +189,6 @@ def lock_timeout_sql(timeout_ms: int) -> str:
 
 RESET_LOCK_TIMEOUT_SQL: Final = "RESET lock_timeout"
 
-PLANNER_SQL: Final = "SET enable_bitmapscan = off"
-"""The store's own connection plans without bitmap scans.
-
-Before ``occurrences`` is analyzed (or while its statistics predate a burst of enqueues), the
-planner estimates a handful of due rows and serves the claim's ``ORDER BY … LIMIT`` probes with a
-bitmap scan of every due row and a sort: cost grows with the queue's depth (20k due rows: ~14 ms a
-claim). Without bitmap scans the cheapest plan for any row estimate is the ordered walk of
-``scheduler_occurrences_claim`` that stops after the window (a sequential scan costs the whole
-table), custom or generic. The store's statements reach rows through ordered walks and key
-lookups (no OR over indexed columns), so they lose nothing else. A caller's connection
-(``on_connection``) keeps its own settings."""
-RESET_PLANNER_SQL: Final = "RESET enable_bitmapscan"
-
 
 def schema_header(conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
     """A PostgreSQL schema has no header: the application id is the scheduler's own (the schema
