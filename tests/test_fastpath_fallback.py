@@ -83,7 +83,7 @@ def altered(monkeypatch: pytest.MonkeyPatch, change: Callable[[pytest.MonkeyPatc
             lambda mp: mp.setattr(fastpath, "_unsupported", renamed_internal), id="compiler-attr-renamed"
         ),
         pytest.param(
-            lambda mp: mp.setattr(fastpath, "_placeholders_match", lambda sql, names: False),
+            lambda mp: mp.setattr(fastpath, "_placeholders_match", lambda *_args: False),
             id="bind-order-changed",
         ),
     ],
@@ -108,6 +108,18 @@ def test_a_missing_connection_internal_turns_the_fast_path_off(
 
 
 def test_the_placeholder_guard_counts_each_positional_bind() -> None:
-    assert fastpath._placeholders_match("SELECT ? , ? WHERE x IN (__[POSTCOMPILE_ids])", ["a", "b", "ids"])
-    assert not fastpath._placeholders_match("SELECT ?, ?", ["a"])
-    assert not fastpath._placeholders_match("SELECT :a", ["a"])
+    match = fastpath._placeholders_match
+    assert match("SELECT ? , ? WHERE x IN (__[POSTCOMPILE_ids])", ["a", "b", "ids"], True)
+    assert not match("SELECT ?, ?", ["a"], True)
+    assert not match("SELECT :a", ["a"], True)
+
+
+def test_the_placeholder_guard_matches_each_named_bind() -> None:
+    """psycopg's ``%(name)s``: exactly the named binds (a name may repeat); a stray ``%`` or a
+    placeholder of another style means the compiled form is not what the fast path expects."""
+    match = fastpath._placeholders_match
+    assert match("SELECT %(a)s, %(a)s WHERE x IN (__[POSTCOMPILE_ids]) AND y LIKE 'z%%'", ["a", "ids"], False)
+    assert not match("SELECT %(a)s", ["a", "b"], False)
+    assert not match("SELECT %(a)s, %(b)s", ["a"], False)
+    assert not match("SELECT %s", [], False)
+    assert not match("SELECT :a", ["a"], False)

@@ -80,7 +80,7 @@ def _lock_exactly(
     accepts, in the order given; nothing else stays locked (see the module docstring)."""
     if not rows:
         return []
-    tx.conn.exec_driver_sql(SAVEPOINT)
+    tx.driver_sql(SAVEPOINT)
     wanted = list(rows)
     while wanted:
         statement, params = lock(wanted)
@@ -93,7 +93,7 @@ def _lock_exactly(
             locked = {row.occurrence_id for row in kept}
         # Some row was not locked, or changed: release everything this attempt locked (at once,
         # so the owner of a row locked by mistake waits as little as possible) and try again.
-        tx.conn.exec_driver_sql(ROLLBACK_TO_SAVEPOINT)
+        tx.driver_sql(ROLLBACK_TO_SAVEPOINT)
         wanted = [row for row in wanted if row.occurrence_id in locked]
     return []
 

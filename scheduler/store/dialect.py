@@ -53,7 +53,7 @@ class StoreDialect(Protocol):
     def driver_in_transaction(self, conn: Connection) -> bool | None:
         """Whether the driver connection is inside a transaction (``None``: cannot tell)."""
 
-    def server_now(self, conn: Connection) -> int:
+    def server_now(self, conn: Connection, fast: FastPath | None = None) -> int:
         """The server's clock in epoch ms (PostgreSQL ``clock_timestamp()``)."""
 
     def key_locks(self, target: SchemaTarget) -> Callable[[Connection, str, list[str]], None] | None:

@@ -179,7 +179,7 @@ class _Base:
         sampler: Clock | None = None
         if self.clock is SERVER_CLOCK:
             conn, now_of = self.conn, self.dialect.server_now
-            sampler = lambda: now_of(conn)  # noqa: E731 - read lazily, after the rows are locked
+            sampler = lambda: now_of(conn, fast)  # noqa: E731 - read lazily, after the rows are locked
         else:
             now = read_clock(self.clock) if sample_clock else 0
         options, locks, concurrent = self.options, self.key_locks, self.dialect.CONCURRENT_WRITERS

@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import Connection, String, text
+from sqlalchemy import BigInteger, Connection, String, column, text
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -19,7 +19,7 @@ from scheduler.schema.checks import glob_to_regex
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.dialect import correlated_exists, glob_match, greatest, json_text_field
-from scheduler.store.fastpath import FastPath
+from scheduler.store.fastpath import FastPath, Prepared
 
 NAME: Final = "postgresql"
 CONCURRENT_WRITERS: Final = True
@@ -150,8 +150,14 @@ def ensure_transaction(conn: Connection) -> None:
     """psycopg (not in autocommit) opens a transaction block before a SAVEPOINT by itself."""
 
 
-def server_now(conn: Connection) -> int:
-    """``clock_timestamp()`` in epoch milliseconds."""
+SERVER_NOW: Final = Prepared(text(SERVER_NOW_SQL).columns(column("now", BigInteger)))
+
+
+def server_now(conn: Connection, fast: FastPath | None = None) -> int:
+    """``clock_timestamp()`` in epoch milliseconds (through the fast path when it is usable)."""
+    done = None if fast is None else fast.run(conn, SERVER_NOW, None)
+    if done is not None:
+        return int(done[0][0][0])
     return int(conn.exec_driver_sql(SERVER_NOW_SQL).scalar_one())
 
 

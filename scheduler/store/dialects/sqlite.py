@@ -128,7 +128,7 @@ def key_locks(target: SchemaTarget) -> None:
     return None
 
 
-def server_now(conn: Connection) -> int:
+def server_now(conn: Connection, fast: FastPath | None = None) -> int:
     """SQLite has no server: ``clock=None`` is the local wall clock (never called)."""
     raise NotImplementedError("SQLite stores use the local wall clock")
 

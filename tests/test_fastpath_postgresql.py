@@ -1,0 +1,205 @@
+"""The compile-once fast path on PostgreSQL (psycopg): the same statements, parameters and results
+as SQLAlchemy's own execution, on the real server.
+
+The SQLite side is ``test_fastpath.py``; its ``workload`` (every lifecycle path) runs here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from backends import PostgresServer, unique_name
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL
+from test_fastpath import AUTHORITY, T0, Clock, workload
+
+from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.store.fastpath import FastPath
+from scheduler.store.records import Occurrence
+from scheduler.testing import dump_tables
+
+pytestmark = pytest.mark.postgresql
+Recorded = list[tuple[str, Any]]
+
+
+def recording_cursor(seen: Recorded) -> type[psycopg.Cursor[Any]]:
+    """A psycopg cursor class that records every statement and its parameters."""
+
+    class Cursor(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            # (SQLAlchemy's exec_driver_sql passes ``{}`` where the fast path passes nothing.)
+            seen.append((str(query), dict(params) if params else None))
+            return super().execute(query, params, **kwargs)
+
+        def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
+            rows = [dict(params) for params in params_seq]
+            seen.append((str(query), rows))
+            return super().executemany(query, rows, **kwargs)
+
+    return Cursor
+
+
+@contextmanager
+def recorded_store(url: URL, schema: str, *, fast: bool) -> Iterator[tuple[SchedulerStore, Recorded, Clock]]:
+    seen: Recorded = []
+    clock = Clock()
+    engine = create_engine(url, connect_args={"cursor_factory": recording_cursor(seen)})
+    store = open_store(engine, schema=schema, clock=clock, uuid_factory=clock.uuid)
+    if not fast:
+        event.listen(store.connection, "before_cursor_execute", lambda *args: None)
+    seen.clear()
+    try:
+        yield store, seen, clock
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def cycles(store: SchedulerStore, count: int) -> Occurrence | None:
+    """Claim, then ``count`` times settle the held occurrence and claim the next in one call."""
+    held = store.claim_next(owner_id="w", lease_ms=60_000)
+    for _ in range(count):
+        assert held is not None
+        held = store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000
+        ).claimed
+    return held
+
+
+def run(server: PostgresServer, schema: str, *, fast: bool) -> tuple[list[Any], Recorded, Any]:
+    server.drop_schema(schema)
+    with recorded_store(server.url, schema, fast=fast) as (store, seen, clock):
+        results = workload(store, clock)
+        return results, list(seen), dump_tables(store)
+
+
+def test_the_fast_path_sends_psycopg_exactly_what_sqlalchemy_sends(postgres_server: PostgresServer) -> None:
+    schema = unique_name("t_fast")
+    try:
+        fast_results, fast_seen, fast_tables = run(postgres_server, schema, fast=True)
+        slow_results, slow_seen, slow_tables = run(postgres_server, schema, fast=False)
+    finally:
+        postgres_server.drop_schema(schema)
+    assert fast_results == slow_results
+    assert fast_tables == slow_tables
+    assert len(fast_seen) == len(slow_seen)
+    for index, (fast, slow) in enumerate(zip(fast_seen, slow_seen, strict=True)):
+        assert fast == slow, f"statement {index} differs"
+
+
+def test_the_hot_paths_run_on_one_reused_cursor(
+    postgres_server: PostgresServer, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cursors: list[int] = []
+    opened = psycopg.Connection.cursor
+
+    def cursor(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made = opened(self, *args, **kwargs)
+        cursors.append(id(made))
+        return made
+
+    monkeypatch.setattr(psycopg.Connection, "cursor", cursor)
+    engine = create_engine(postgres_server.url)
+    store = open_store(engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        store.create_job(id="a", kind="agenda", authority=AUTHORITY)
+        for n in range(5):
+            store.enqueue_occurrence(job_id="a", scheduled_for=T0, trigger_key=f"k{n}")
+        cursors.clear()
+        held = cycles(store, 4)
+        assert held is not None
+        store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
+        assert cursors == []  # ~50 statements, not one new cursor
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_the_fast_path_serves_only_sync_psycopg(postgres_server: PostgresServer, pg_schema: str) -> None:
+    store = open_store(postgres_server.engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        fast = FastPath.for_connection(store.connection)
+        assert fast is not None and fast.usable(store.connection)
+    finally:
+        store.close()
+
+
+def test_a_driver_error_on_the_fast_path_is_classified_and_writes_nothing(
+    postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    """A lock timeout raised by psycopg under the fast path: SQLAlchemy's wrapping, then the
+    store's classification (55P03, retryable, not committed); the claim wrote nothing."""
+    store = open_store(postgres_server.engine, schema=pg_schema, clock=lambda: T0, busy_timeout_ms=50)
+    store.create_job(id="a", kind="agenda", authority=AUTHORITY)
+    store.enqueue_occurrence(job_id="a", scheduled_for=T0, trigger_key="k")
+    blocker = postgres_server.engine.connect()
+    try:
+        blocker.exec_driver_sql(f'LOCK TABLE "{pg_schema}".occurrences IN ACCESS EXCLUSIVE MODE')
+        with pytest.raises(SchedulerKernelError) as caught:
+            store.claim_next(owner_id="w", lease_ms=1000)
+        assert caught.value.code == "SCHEDULER_STORAGE_UNAVAILABLE"
+        assert caught.value.details["storageCode"] == "55P03"
+        assert caught.value.details["commitState"] == "not_committed"
+        assert caught.value.details["retryable"] is True
+        blocker.rollback()
+        claimed = store.claim_next(owner_id="w", lease_ms=1000)
+        assert claimed is not None and claimed.fence == 1
+    finally:
+        blocker.close()
+        store.close()
+
+
+def test_every_pg_hot_statement_compiles_for_the_fast_path(
+    postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    """No hot statement silently falls back to SQLAlchemy's execution on psycopg (a fallback
+    costs ~60–100 µs of client CPU per statement)."""
+    rejected: list[str] = []
+    from scheduler.store import fastpath
+
+    original = fastpath._compile
+
+    def compile_and_note(prepared: Any, *args: Any, **kwargs: Any) -> Any:
+        plan = original(prepared, *args, **kwargs)
+        if plan is None:
+            rejected.append(str(prepared.statement)[:80])
+        return plan
+
+    clock = Clock()
+    store = open_store(postgres_server.engine, schema=pg_schema, clock=clock, uuid_factory=clock.uuid)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fastpath, "_compile", compile_and_note)
+            workload(store, clock)
+    finally:
+        store.close()
+    assert rejected == []
+
+
+def test_the_claim_statement_is_planned_once_per_connection(
+    postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    """psycopg prepares the claim statement; PostgreSQL's default plan cache then plans it again
+    for at least five more claims, and for every claim once a larger queue is analyzed (~1 ms of
+    server CPU each). The store's connection runs its generic plan (``PLANNER_SQL``): no custom plan."""
+    store = open_store(postgres_server.engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        store.create_job(id="a", kind="agenda", authority=AUTHORITY)
+        store.enqueue_many([{"job_id": "a", "scheduled_for": T0, "trigger_key": f"k{n}"} for n in range(40)])
+        store.connection.exec_driver_sql(f'ANALYZE "{pg_schema}".occurrences')
+        store.connection.commit()
+        cycles(store, 30)
+        plans = store.connection.exec_driver_sql(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE strpos(statement, 'due_queued') > 0"
+        ).all()
+        store.connection.rollback()
+    finally:
+        store.close()
+    assert len(plans) == 1
+    generic, custom = plans[0]
+    assert custom == 0 and generic >= 25
