@@ -187,6 +187,42 @@ def test_the_server_clock_is_read_after_the_rows_are_locked(pg_engine: Engine, p
         assert updated and updated[0] >= released
 
 
+@pytest.mark.parametrize("call", ["settle", "settle_and_claim"])
+def test_a_settlement_reads_the_server_clock_after_the_settled_row_is_locked(
+    pg_engine: Engine, pg_schema: str, call: str
+) -> None:
+    """The settlement waits for the occurrence row another transaction holds; its time (the
+    settlement's ``settled_at`` and event) is read after the wait, not when the call began."""
+    with open_store(pg_engine, schema=pg_schema) as store:
+        store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+        queued = store.enqueue_occurrence(job_id="job-1", scheduled_for=0, trigger_key="k")
+        held = store.claim_next(owner_id="w", lease_ms=60_000)
+        assert held is not None and held.id == queued.id
+        holder = pg_engine.connect()
+        holder.exec_driver_sql(
+            f"SELECT 1 FROM {quote_identifier(pg_schema)}.occurrences "
+            f"WHERE occurrence_id = '{held.id}' FOR UPDATE"
+        )
+        settled: list[int | None] = []
+        settle = {"occurrence_id": held.id, "owner_id": "w", "fence": held.fence, "outcome": "succeeded"}
+
+        def run() -> None:
+            if call == "settle":
+                settled.append(store.settle(**settle).settled_at)
+            else:
+                settled.append(store.settle_and_claim(**settle, lease_ms=60_000).settled.settled_at)
+
+        worker = threading.Thread(target=run)
+        started = server_ms(pg_engine)
+        worker.start()
+        time.sleep(0.5)
+        released = server_ms(pg_engine)
+        holder.close()
+        worker.join(30)
+        assert released - started >= 400
+        assert settled and settled[0] is not None and settled[0] >= released
+
+
 def test_busy_timeout_and_planner_setting_of_the_store_connection(pg_engine: Engine, pg_schema: str) -> None:
     engine = create_engine(pg_engine.url, poolclass=QueuePool, pool_size=1, max_overflow=0)
     try:

@@ -381,9 +381,14 @@ def settle_and_claim_in(
     tx: Tx, request: SettleRequest, lease_ms: int, claim_filter: ClaimFilter
 ) -> SettledAndClaimed:
     """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
-    lease_expiry(tx.now, lease_ms)  # refuse an unrepresentable lease before anything is written
     events = EventLog(tx)  # both halves' events, in order, written with one INSERT
-    settled = settle_in(tx, request, events)
+
+    def refuse_unrepresentable_lease() -> None:
+        """Before anything is written and before the held lease is judged; ``now`` (the server
+        clock: API §8) is read here, after the settled row is locked."""
+        lease_expiry(tx.now, lease_ms)
+
+    settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease)
     claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events)
     events.flush(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)

@@ -123,11 +123,11 @@ def event_data_json(data: dict[str, Any]) -> str:
 class EventLog:
     """Events of one operation, appended in order and written with one ``executemany``."""
 
-    __slots__ = ("_now", "_rows")
+    __slots__ = ("_rows", "_tx")
 
     def __init__(self, tx: Tx) -> None:
         self._rows: list[dict[str, Any]] = []
-        self._now = tx.now
+        self._tx = tx  # ``now`` is read at the first event, after the operation locked its rows
 
     def add(
         self,
@@ -144,7 +144,7 @@ class EventLog:
                 "job_id": job_id,
                 "occurrence_id": occurrence_id,
                 "event_type": type,
-                "occurred_at": self._now,
+                "occurred_at": self._tx.now,
                 "owner_id": owner_id,
                 "fence": fence,
                 "data_json": event_data_json(data),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -391,12 +391,18 @@ class _Settlements:
             self.events.flush(self.tx)
 
 
-def settle_in(tx: Tx, request: SettleRequest, events: EventLog | None = None) -> Occurrence:
+def settle_in(
+    tx: Tx, request: SettleRequest, events: EventLog | None = None, before: Callable[[], None] | None = None
+) -> Occurrence:
     """Settle the caller's live lease (``SCHEDULER_LEASE_LOST`` for a stale owner, fence or lease).
 
-    With ``events`` given, the settlement's event is appended there for the caller to write.
+    With ``events`` given, the settlement's event is appended there for the caller to write;
+    ``before`` runs once the row is read (locked among concurrent writers), before the lease is
+    judged.
     """
     settlements = _Settlements(tx, [request], events)
+    if before is not None:
+        before()
     occurrence = settlements.settle(request)
     settlements.write()
     return occurrence
