@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import bindparam, select
 
 from scheduler import SchedulerStore, open_store
+from scheduler.schema import tables as t
 from scheduler.store import fastpath
 
 T0 = 1767225600000
@@ -123,3 +125,57 @@ def test_the_placeholder_guard_matches_each_named_bind() -> None:
     assert not match("SELECT %(a)s, %(b)s", ["a"], False)
     assert not match("SELECT %s", [], False)
     assert not match("SELECT :a", ["a"], False)
+
+
+OCCURRENCES_BY_ID = fastpath.Prepared(
+    select(t.occurrences.c.occurrence_id, t.occurrences.c.fence).where(
+        t.occurrences.c.occurrence_id.in_(bindparam("p_ids", expanding=True)),
+        t.occurrences.c.status != "succeeded",
+    )
+)
+EXPANDING = [
+    pytest.param("p_keys", [("a", 1, "queued")], id="tuples-1"),
+    pytest.param("p_keys", [("a", 1, "queued"), ("b", 2, "running"), ("c", 3, "queued")], id="tuples-3"),
+    pytest.param("p_ids", ["x"], id="ids-1"),
+    pytest.param("p_ids", ["x", "y", "z", "w"], id="ids-4"),
+]
+
+
+@pytest.mark.parametrize("dialect_name", ["sqlite", "postgresql"])
+@pytest.mark.parametrize(("name", "values"), EXPANDING)
+def test_an_expanding_statement_binds_what_sqlalchemy_binds_for_each_length(
+    dialect_name: str, name: str, values: list[Any]
+) -> None:
+    """The expanded SQL of each list length is SQLAlchemy's (kept after its first expansion) and
+    every later call binds exactly what SQLAlchemy's post-compile step binds."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from scheduler.store.claim_locks import LOCK_CANDIDATES
+
+    dialect = sqlite.dialect() if dialect_name == "sqlite" else postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+    statement = LOCK_CANDIDATES if name == "p_keys" else OCCURRENCES_BY_ID
+    plan = fastpath._compile(statement, dialect, None, False)
+    assert plan is not None and plan.compiled is not None
+    for round_ in range(2):
+        parameters = {name: [*values]} if round_ == 0 else {name: list(reversed(values))}
+        state = plan.compiled.construct_expanded_state(dict(parameters))
+        expected = (
+            tuple(state.positional_parameters) if plan.compiled.positional else dict(state.parameters)
+        )
+        assert plan.bind(parameters) == (state.statement, expected)
+        assert list(plan.expanded) == [(len(values),)]
+
+
+def test_an_expansion_named_otherwise_is_never_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a SQLAlchemy release named expanded binds differently, every call keeps using its own
+    post-compile step (nothing is cached) and binds stay right."""
+    from sqlalchemy.dialects import sqlite
+
+    monkeypatch.setattr(
+        fastpath, "_expand", lambda values, expanding: {f"other_{i}": v for i, v in enumerate(values)}
+    )
+    plan = fastpath._compile(OCCURRENCES_BY_ID, sqlite.dialect(), None, False)
+    assert plan is not None
+    for _ in range(2):
+        assert plan.bind({"p_ids": ["x", "y"]})[1] == ("x", "y", "succeeded")
+    assert plan.expanded == {}

@@ -74,24 +74,69 @@ class _Plan:
     with an expanding ``IN`` keeps its ``compiled`` form, whose SQL depends on the list lengths.
     """
 
-    __slots__ = ("arguments", "compiled", "row_type", "sql")
+    __slots__ = ("arguments", "compiled", "constants", "expanded", "expanding", "row_type", "sql")
 
-    def __init__(self, sql: str, arguments: Arguments, row_type: Any, compiled: SQLCompiler | None) -> None:
+    def __init__(
+        self,
+        sql: str,
+        arguments: Arguments,
+        row_type: Any,
+        compiled: SQLCompiler | None,
+        constants: dict[str, Any] | None = None,
+    ) -> None:
         self.sql = sql
         self.arguments = arguments
         self.row_type = row_type
         self.compiled = compiled
+        self.constants = constants or {}
+        self.expanding: tuple[str, ...] = ()
+        if compiled is not None:
+            self.expanding = tuple(sorted(bind.key for bind in compiled.post_compile_params))
+        self.expanded: dict[tuple[int, ...], tuple[str, tuple[str, ...] | None]] = {}
+        """Per list lengths: the expanded SQL and (positional) its bind order, once SQLAlchemy's
+        own expansion was seen to bind exactly what :func:`_expand` binds."""
 
     def bind(self, parameters: Mapping[str, Any]) -> tuple[str, Any]:
-        """(SQL, arguments) of an expanding statement (SQLAlchemy's own post-compile step)."""
+        """(SQL, arguments) of an expanding statement: SQLAlchemy's own post-compile step the
+        first time for each list length, then its SQL again with :func:`_expand`'s binds."""
         compiled = self.compiled
         assert compiled is not None
+        key = tuple(len(parameters[name]) for name in self.expanding)
+        values = _expand({**self.constants, **parameters}, self.expanding)
+        cached = self.expanded.get(key)
+        if cached is not None:
+            sql, bind_order = cached
+            return sql, values if bind_order is None else tuple(values[name] for name in bind_order)
         state = compiled.construct_expanded_state(dict(parameters))
         if state.processors:
             raise KeyError("bind processors")
         if compiled.positional:
-            return state.statement, tuple(state.positional_parameters)
-        return state.statement, dict(state.parameters)
+            order: tuple[str, ...] | None = tuple(state.positiontup or ())
+            arguments: Any = tuple(state.positional_parameters)
+            same = tuple(values.get(name, _MISSING) for name in order or ()) == arguments
+        else:
+            order, arguments = None, dict(state.parameters)
+            same = all(values.get(name, _MISSING) == value for name, value in arguments.items())
+        if same:
+            self.expanded[key] = (state.statement, order)
+        return state.statement, arguments
+
+
+_MISSING: Final = object()
+
+
+def _expand(values: dict[str, Any], expanding: Sequence[str]) -> dict[str, Any]:
+    """``values`` with each expanding list bound element by element, named as SQLAlchemy names
+    them (``name_1`` …, or ``name_1_1`` … for tuples; :meth:`_Plan.bind` checks it is so)."""
+    for name in expanding:
+        items = values.pop(name)
+        for row, item in enumerate(items, 1):
+            if isinstance(item, tuple):
+                for column, element in enumerate(item, 1):
+                    values[f"{name}_{row}_{column}"] = element
+            else:
+                values[f"{name}_{row}"] = item
+    return values
 
 
 def _named_arguments(names: Sequence[str], constants: dict[str, Any]) -> Arguments:
@@ -220,7 +265,7 @@ def _compile(
         row_type = _row_type(columns)
     expanding = compiled if compiled.post_compile_params else None
     build = _arguments if positional else _named_arguments
-    return _Plan(compiled.string, build(names, constants), row_type, expanding)
+    return _Plan(compiled.string, build(names, constants), row_type, expanding, constants)
 
 
 class FastPath:
@@ -347,8 +392,8 @@ class FastPath:
                 arguments = plan.arguments(parameters)
             else:
                 sql, arguments = plan.bind(parameters)
-        except (KeyError, SQLAlchemyError):
-            return None  # a required value is missing: SQLAlchemy raises its own error
+        except (KeyError, TypeError, SQLAlchemyError):
+            return None  # a required value is missing (or not a list): SQLAlchemy raises its own error
         cursor = self._cursor
         if cursor is None:
             if not self.usable(conn):
