@@ -119,13 +119,15 @@ def test_the_hot_paths_run_on_one_reused_cursor(
         engine.dispose()
 
 
-def test_the_fast_path_serves_only_sync_psycopg(postgres_server: PostgresServer, pg_schema: str) -> None:
-    store = open_store(postgres_server.engine, schema=pg_schema, clock=lambda: T0)
+def test_a_psycopg_store_runs_on_the_fast_path(postgres_server: PostgresServer, pg_schema: str) -> None:
+    engine = create_engine(postgres_server.url)  # its own: another test may instrument the shared one
+    store = open_store(engine, schema=pg_schema, clock=lambda: T0)
     try:
         fast = FastPath.for_connection(store.connection)
         assert fast is not None and fast.usable(store.connection)
     finally:
         store.close()
+        engine.dispose()
 
 
 def test_a_driver_error_on_the_fast_path_is_classified_and_writes_nothing(
@@ -179,27 +181,3 @@ def test_every_pg_hot_statement_compiles_for_the_fast_path(
         store.close()
     assert rejected == []
 
-
-def test_the_claim_statement_is_planned_once_per_connection(
-    postgres_server: PostgresServer, pg_schema: str
-) -> None:
-    """psycopg prepares the claim statement; PostgreSQL's default plan cache then plans it again
-    for at least five more claims, and for every claim once a larger queue is analyzed (~1 ms of
-    server CPU each). The store's connection runs its generic plan (``PLANNER_SQL``): no custom plan."""
-    store = open_store(postgres_server.engine, schema=pg_schema, clock=lambda: T0)
-    try:
-        store.create_job(id="a", kind="agenda", authority=AUTHORITY)
-        store.enqueue_many([{"job_id": "a", "scheduled_for": T0, "trigger_key": f"k{n}"} for n in range(40)])
-        store.connection.exec_driver_sql(f'ANALYZE "{pg_schema}".occurrences')
-        store.connection.commit()
-        cycles(store, 30)
-        plans = store.connection.exec_driver_sql(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE strpos(statement, 'due_queued') > 0"
-        ).all()
-        store.connection.rollback()
-    finally:
-        store.close()
-    assert len(plans) == 1
-    generic, custom = plans[0]
-    assert custom == 0 and generic >= 25

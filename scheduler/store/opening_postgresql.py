@@ -1,7 +1,7 @@
 """``open_store`` on PostgreSQL (psycopg 3): the URL or Engine, the store's connection, v6.
 
 The store's connection runs READ COMMITTED with ``lock_timeout`` set from ``busy_timeout_ms`` and
-without bitmap scans and with generic plans (``PLANNER_SQL``);
+without bitmap scans (``PLANNER_SQL``);
 opening creates the schema (empty → v6 in one transaction, serialized between processes by the
 schema layer's advisory lock) or upgrades it, and verifies the catalog every time. The
 connection goes back to its pool as it came (isolation level by SQLAlchemy, settings reset).
@@ -31,26 +31,21 @@ log = logging.getLogger("scheduler.store")
 PSYCOPG_DRIVER: Final = "postgresql+psycopg"
 BACKEND_NAMES: Final = ("postgresql", "postgres")
 
-PLANNER_SQL: Final = ("SET enable_bitmapscan = off", "SET plan_cache_mode = force_generic_plan")
-"""The store's own connection plans without bitmap scans, and reuses one (generic) plan per
-prepared statement.
+PLANNER_SQL: Final = ("SET enable_bitmapscan = off",)
+"""The store's own connection plans without bitmap scans.
 
-Without bitmap scans: before ``occurrences`` is analyzed (or while its statistics predate a burst
-of enqueues), the planner estimates a handful of due rows and serves the claim's ``ORDER BY …
-LIMIT`` probes with a bitmap scan of every due row and a sort: cost grows with the queue's depth
-(20k due rows: ~14 ms a claim). Without bitmap scans the cheapest plan for any row estimate is the
-ordered walk of ``scheduler_occurrences_claim`` that stops after the window (a sequential scan
-costs the whole table), custom or generic. The store's statements reach rows through ordered
-walks and key lookups (no OR over indexed columns), so they lose nothing else.
+Before ``occurrences`` is analyzed (or while its statistics predate a burst of enqueues), the
+planner estimates a handful of due rows and serves the claim's ``ORDER BY … LIMIT`` probes with a
+bitmap scan of every due row and a sort: cost grows with the queue's depth (20k due rows: ~14 ms a
+claim). Without bitmap scans the cheapest plan for any row estimate is the ordered walk of
+``scheduler_occurrences_claim`` that stops after the window (a sequential scan costs the whole
+table), custom or generic. The store's statements reach rows through ordered walks and key
+lookups (no OR over indexed columns), so they lose nothing else. A caller's connection
+(``on_connection``) keeps its own settings.
 
-Generic plans: psycopg prepares a statement on its fifth execution; PostgreSQL's plan cache then
-compares the generic plan's estimate (with ``now`` unknown: a third of the rows due) to the custom
-plans', finds it worse once the table is analyzed, and plans the ~10 KB claim statement again on
-every claim: ~1 ms of server CPU (measured per ``settle_and_claim`` cycle: 2.4 → 1.2 ms of server
-CPU, 262 → 398 cycles/s). The generic plan is the same ordered walk, for every ``now``.
-
-A caller's connection (``on_connection``) keeps its own settings."""
-RESET_PLANNER_SQL: Final = ("RESET enable_bitmapscan", "RESET plan_cache_mode")
+(``plan_cache_mode = force_generic_plan`` is not set: a generic claim plan cannot know ``now`` or
+its ``LIMIT``, and on an analyzed 200k-row queue it took 92 ms a claim instead of 3 ms.)"""
+RESET_PLANNER_SQL: Final = ("RESET enable_bitmapscan",)
 
 
 def psycopg_url(url: URL) -> URL:
