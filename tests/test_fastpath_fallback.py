@@ -179,3 +179,26 @@ def test_an_expansion_named_otherwise_is_never_reused(monkeypatch: pytest.Monkey
     for _ in range(2):
         assert plan.bind({"p_ids": ["x", "y"]})[1] == ("x", "y", "succeeded")
     assert plan.expanded == {}
+
+
+@pytest.mark.parametrize("dialect_name", ["sqlite", "postgresql"])
+def test_a_limit_rendered_into_the_sql_gets_one_statement_per_value(dialect_name: str) -> None:
+    """A literal-execute bind (the claim's ``LIMIT``/``OFFSET``): each value has its own SQL,
+    SQLAlchemy's rendering, kept per value; the other binds stay parameters."""
+    from sqlalchemy import Integer
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    limit = bindparam("n", type_=Integer(), literal_execute=True)
+    statement = fastpath.Prepared(
+        select(t.occurrences.c.occurrence_id).where(t.occurrences.c.job_id == bindparam("job")).limit(limit)
+    )
+    dialect = sqlite.dialect() if dialect_name == "sqlite" else postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+    plan = fastpath._compile(statement, dialect, None, False)
+    assert plan is not None and plan.compiled is not None and plan.literal == ("n",)
+    for n in (3, 7, 3):
+        state = plan.compiled.construct_expanded_state({"job": "a", "n": n})
+        expected = tuple(state.positional_parameters) if plan.compiled.positional else dict(state.parameters)
+        sql, arguments = plan.bind({"job": "a", "n": n})
+        assert (sql, arguments) == (state.statement, expected)
+        assert f"LIMIT {n}" in sql
+    assert sorted(plan.expanded) == [(3,), (7,)]

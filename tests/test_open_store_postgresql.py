@@ -5,7 +5,7 @@ psycopg Engine; another driver is refused. Opening an empty schema creates v6 in
 transaction, every open verifies the catalog, and two processes opening an empty database at
 once both succeed. ``clock=None`` is the server's ``clock_timestamp()``; an injected clock wins.
 ``busy_timeout_ms`` is the store connection's ``lock_timeout``; the connection also plans without bitmap
-scans (``opening_postgresql.PLANNER_SQL``); both are reset when the store closes.
+scans or JIT (``opening_postgresql.PLANNER_SQL``); all are reset when the store closes.
 """
 
 from __future__ import annotations
@@ -229,11 +229,13 @@ def test_busy_timeout_and_planner_setting_of_the_store_connection(pg_engine: Eng
         store = open_store(engine, schema=pg_schema, busy_timeout_ms=1234, clock=lambda: T0)
         assert store.connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1234ms"
         assert store.connection.exec_driver_sql("SHOW enable_bitmapscan").scalar_one() == "off"
+        assert store.connection.exec_driver_sql("SHOW jit").scalar_one() == "off"
         store.connection.rollback()
         store.close()
         with engine.connect() as connection:  # the same pooled connection, as it came
             assert connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "0"
             assert connection.exec_driver_sql("SHOW enable_bitmapscan").scalar_one() == "on"
+            assert connection.exec_driver_sql("SHOW jit").scalar_one() == "on"
         with open_store(engine, schema=pg_schema, busy_timeout_ms=0, clock=lambda: T0) as store:
             assert store.connection.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1ms"
             store.connection.rollback()

@@ -1,4 +1,4 @@
-"""The claim stays a bounded index walk on PostgreSQL before ``occurrences`` is analyzed.
+"""The claim stays a bounded index walk on PostgreSQL before and after ``occurrences`` is analyzed.
 
 Right after a burst of ``enqueue_many`` (no ANALYZE yet: the suite's server runs without
 autovacuum, so the table here is never analyzed) the planner estimates a handful of due rows.
@@ -19,14 +19,15 @@ from psycopg import Connection as DriverConnection
 from psycopg import sql
 from sqlalchemy import Engine, event
 from test_postgresql_claims import enqueue
-from test_postgresql_races import T0
+from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import open_store
-from scheduler.bench.pg_depth import plan_nodes
+from scheduler.bench.pg_depth import fill_queue, plan_nodes
 from scheduler.store import claim_query
 from scheduler.store.leases import CONTENDED_EXTRA
 
 DEPTH = 3000
+DEEP = 200_000
 WINDOW_ROWS = claim_query.WINDOW + 1 + CONTENDED_EXTRA
 """What one probe of a claim (``1 + CONTENDED_EXTRA`` candidates) may read: its window."""
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -86,6 +87,38 @@ def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(pg_engine: Engine, 
         assert claimed is not None and claimed.id == ids[0]
         (driver, statement, params), *_ = captured
         for plan in executed_plans(driver, statement, params):
+            reads = {
+                node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
+                for node in plan_nodes(plan)
+                if node.get("Relation Name") == "occurrences"
+            }
+            assert reads and max(reads.values()) <= WINDOW_ROWS, reads
+    finally:
+        store.close()
+
+
+def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queue(
+    pg_engine: Engine, pg_schema: str
+) -> None:
+    """psycopg prepares the claim statement; PostgreSQL's plan cache keeps replanning it (custom
+    plans, ~1 ms of server CPU a claim) unless its generic plan costs about what a custom one
+    does. The claim's ``LIMIT``/``OFFSET`` values are written into the SQL
+    (``claim_query._count``), so the generic plan knows them: as parameters, its estimate assumed
+    a tenth of the due rows (cost 132,001 against 639 at 200k queued), which also crossed
+    ``jit_above_cost`` (100,000): JIT compilation took 92 ms per claim when that plan ran."""
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        store.create_job(id="job-1", kind="agenda", authority=AUTHORITY)
+        with pg_engine.begin() as connection:
+            fill_queue(connection, pg_schema, "job-1", DEEP, due_at=T0, prefix="deep")  # and ANALYZE
+        with captured_claim(pg_engine) as captured:
+            claimed = store.claim_next(owner_id="w", lease_ms=60_000)
+        assert claimed is not None
+        (driver, statement, params), *_ = captured
+        plans = executed_plans(driver, statement, params)
+        custom, generic = (plan["Total Cost"] for plan in plans)
+        assert generic <= 2 * custom, (custom, generic)
+        for plan in plans:
             reads = {
                 node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
                 for node in plan_nodes(plan)

@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from sqlalchemy import (
     CompoundSelect,
+    Integer,
     Select,
     and_,
     bindparam,
@@ -200,6 +201,19 @@ def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[A
     ]
 
 
+_ONE: Final[ColumnElement[int]] = literal_column("1")
+"""``LIMIT 1`` written into the SQL (a plain ``.limit(1)`` is sent as a parameter)."""
+
+
+def _count(name: str) -> Any:
+    """A ``LIMIT``/``OFFSET`` value, rendered into the SQL when the statement runs (one statement
+    text per value, prepared and cached like any other): PostgreSQL's generic plan of a statement
+    whose limit is a parameter assumes it reads a tenth of the rows and sorts them, so only
+    a known limit lets the server reuse one plan (instead of planning the ~10 KB claim statement
+    on every claim) and keep the ordered index walk at any depth."""
+    return bindparam(name, type_=Integer(), literal_execute=True)
+
+
 def _claim_order(alias: Any) -> list[Any]:
     return [alias.c.available_at, alias.c.lease_expires_at, alias.c.scheduled_for, alias.c.occurrence_id]
 
@@ -210,8 +224,8 @@ def _window_end(status: str) -> Any:
         select(_w.c.available_at)
         .where(_w.c.status == literal_column(f"'{status}'"), _w.c.available_at <= bindparam("now"))
         .order_by(*_claim_order(_w))
-        .limit(1)
-        .offset(bindparam("window_last"))
+        .limit(_ONE)
+        .offset(_count("window_last"))
         .scalar_subquery()
     )
 
@@ -224,7 +238,7 @@ def _due(arm: str, *where: Any, source: Any = _WITH_CONTROL, status_term: bool =
         .select_from(source)
         .where(*status, *where, _ATTEMPTS_ALLOW, _WAITING_CONTROL_OK)
         .order_by(*_claim_order(o))
-        .limit(bindparam("arm_limit"))
+        .limit(_count("arm_limit"))
     )
 
 
@@ -243,7 +257,7 @@ def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Sele
         .where(
             o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"), actionable
         )
-        .limit(bindparam("expired_limit"))
+        .limit(_count("expired_limit"))
     )
 
 
@@ -264,7 +278,7 @@ def _due_head(arm: str, jobs: ColumnElement[Any]) -> Select[Any]:
         .select_from(_WITH_CONTROL)
         .where(o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
         .order_by(*_claim_order(o))
-        .limit(1)
+        .limit(_ONE)
     )
 
 
@@ -369,7 +383,7 @@ def eligible_job_rows_statement(shape: Shape) -> Prepared:
     rows = (
         select(_m.c.occurrence_id)
         .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
-        .limit(bindparam("budget"))
+        .limit(_count("budget"))
         .subquery("budget")
     )
     return Prepared(select(func.count()).select_from(rows))
@@ -388,7 +402,7 @@ def beyond_window_statement(arm: str, shape: Shape) -> Prepared:
     members = (
         select(_m.c.occurrence_id, _m.c.status, _m.c.available_at)
         .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
-        .limit(bindparam("budget"))
+        .limit(_count("budget"))
         .subquery("members")
     )
     source = members.join(o, o.c.occurrence_id == members.c.occurrence_id).outerjoin(

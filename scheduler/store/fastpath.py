@@ -74,7 +74,7 @@ class _Plan:
     with an expanding ``IN`` keeps its ``compiled`` form, whose SQL depends on the list lengths.
     """
 
-    __slots__ = ("arguments", "compiled", "constants", "expanded", "expanding", "row_type", "sql")
+    __slots__ = ("arguments", "compiled", "constants", "expanded", "expanding", "literal", "row_type", "sql")
 
     def __init__(
         self,
@@ -90,19 +90,26 @@ class _Plan:
         self.compiled = compiled
         self.constants = constants or {}
         self.expanding: tuple[str, ...] = ()
+        self.literal: tuple[str, ...] = ()
         if compiled is not None:
-            self.expanding = tuple(sorted(bind.key for bind in compiled.post_compile_params))
-        self.expanded: dict[tuple[int, ...], tuple[str, tuple[str, ...] | None]] = {}
-        """Per list lengths: the expanded SQL and (positional) its bind order, once SQLAlchemy's
-        own expansion was seen to bind exactly what :func:`_expand` binds."""
+            self.literal = tuple(sorted({bind.key for bind in compiled.literal_execute_params}))
+            self.expanding = tuple(
+                sorted({bind.key for bind in compiled.post_compile_params if bind.key not in self.literal})
+            )
+        self.expanded: dict[tuple[Any, ...], tuple[str, tuple[str, ...] | None]] = {}
+        """Per list lengths and rendered values: the expanded SQL and (positional) its bind order,
+        once SQLAlchemy's own expansion was seen to bind exactly what :func:`_expand` binds."""
 
     def bind(self, parameters: Mapping[str, Any]) -> tuple[str, Any]:
         """(SQL, arguments) of an expanding statement: SQLAlchemy's own post-compile step the
         first time for each list length, then its SQL again with :func:`_expand`'s binds."""
         compiled = self.compiled
         assert compiled is not None
-        key = tuple(len(parameters[name]) for name in self.expanding)
-        values = _expand({**self.constants, **parameters}, self.expanding)
+        values = {**self.constants, **parameters}
+        key = (*(len(values[name]) for name in self.expanding), *(values[name] for name in self.literal))
+        values = _expand(values, self.expanding)
+        for name in self.literal:
+            del values[name]  # rendered into the SQL
         cached = self.expanded.get(key)
         if cached is not None:
             sql, bind_order = cached
@@ -117,12 +124,15 @@ class _Plan:
         else:
             order, arguments = None, dict(state.parameters)
             same = all(values.get(name, _MISSING) == value for name, value in arguments.items())
-        if same:
+        if same and len(self.expanded) < _EXPANSIONS_KEPT:
             self.expanded[key] = (state.statement, order)
         return state.statement, arguments
 
 
 _MISSING: Final = object()
+_EXPANSIONS_KEPT: Final = 256
+"""Expanded statements kept per plan (list lengths × rendered limits seen); beyond, SQLAlchemy
+expands each call."""
 
 
 def _expand(values: dict[str, Any], expanding: Sequence[str]) -> dict[str, Any]:
@@ -176,8 +186,7 @@ def _unsupported(prepared: Prepared, compiled: SQLCompiler, dialect: Dialect, ma
         (compiled.positiontup is None) == bool(dialect.positional)
         or any(_processes(processor) for processor in compiled._bind_processors.values())
         or compiled.escaped_bind_names
-        or compiled.literal_execute_params
-        or (many and compiled.post_compile_params)
+        or (many and (compiled.post_compile_params or compiled.literal_execute_params))
         or compiled.insert_prefetch
         or compiled.update_prefetch
         or getattr(compiled, "_collected_params", None)
@@ -263,7 +272,7 @@ def _compile(
         if len(set(columns)) != len(columns) or not all(c.isidentifier() and c[0] != "_" for c in columns):
             return None
         row_type = _row_type(columns)
-    expanding = compiled if compiled.post_compile_params else None
+    expanding = compiled if compiled.post_compile_params or compiled.literal_execute_params else None
     build = _arguments if positional else _named_arguments
     return _Plan(compiled.string, build(names, constants), row_type, expanding, constants)
 
