@@ -78,6 +78,17 @@ def executed_plans(
     return plans
 
 
+def assert_reads_within_window(plans: list[dict[str, Any]]) -> None:
+    """No node of any plan reads more ``occurrences`` rows than one probe's window."""
+    for plan in plans:
+        reads = {
+            node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
+            for node in plan_nodes(plan)
+            if node.get("Relation Name") == "occurrences"
+        }
+        assert reads and max(reads.values()) <= WINDOW_ROWS, reads
+
+
 def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(pg_engine: Engine, pg_schema: str) -> None:
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
@@ -86,13 +97,7 @@ def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(pg_engine: Engine, 
             claimed = store.claim_next(owner_id="w", lease_ms=60_000)
         assert claimed is not None and claimed.id == ids[0]
         (driver, statement, params), *_ = captured
-        for plan in executed_plans(driver, statement, params):
-            reads = {
-                node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
-                for node in plan_nodes(plan)
-                if node.get("Relation Name") == "occurrences"
-            }
-            assert reads and max(reads.values()) <= WINDOW_ROWS, reads
+        assert_reads_within_window(executed_plans(driver, statement, params))
     finally:
         store.close()
 
@@ -118,12 +123,6 @@ def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queu
         plans = executed_plans(driver, statement, params)
         custom, generic = (plan["Total Cost"] for plan in plans)
         assert generic <= 2 * custom, (custom, generic)
-        for plan in plans:
-            reads = {
-                node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
-                for node in plan_nodes(plan)
-                if node.get("Relation Name") == "occurrences"
-            }
-            assert reads and max(reads.values()) <= WINDOW_ROWS, reads
+        assert_reads_within_window(plans)
     finally:
         store.close()
