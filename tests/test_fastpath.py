@@ -423,3 +423,32 @@ def test_event_data_is_encoded_canonically(data: dict[str, Any]) -> None:
 def test_event_data_with_lone_surrogates_is_encoded_canonically() -> None:
     data = {"owner": "a\ud800b", "pair": "\ud83d\ude00", "big": 2**53 - 1}
     assert event_data_json(data) == canonical_json(data, "event.data")
+
+
+def test_a_connection_schema_translate_map_is_followed_by_every_statement(tmp_path: Path) -> None:
+    """A store in SQLite's ``main`` on a connection whose ``schema_translate_map`` sends the
+    scheduler's tables to an attached database: every statement of an operation goes there (the
+    fast path, whose plans name no schema, steps aside), none to ``main``."""
+    main, aux = tmp_path / "main.sqlite", tmp_path / "aux.sqlite"
+    for path in (main, aux):
+        with open_store(path, clock=lambda: T0) as seeded:
+            seeded.create_job(id="j0", kind="k", authority=AUTHORITY)
+    engine = create_engine(f"sqlite:///{main}")
+    event.listen(engine, "connect", lambda dbapi, _record: dbapi.execute(f"ATTACH DATABASE '{aux}' AS aux"))
+    try:
+        with engine.connect() as conn:
+            routed = conn.execution_options(schema_translate_map={None: "aux"})
+            store = SchedulerStore.on_connection(routed, clock=lambda: T0)
+            assert store.update_job("j0", 1, kind="k2").revision == 2
+            rows = {
+                db: (
+                    conn.exec_driver_sql(f"SELECT kind, revision FROM {db}.jobs").all(),
+                    [row[0] for row in conn.exec_driver_sql(f"SELECT event_type FROM {db}.events")],
+                )
+                for db in ("main", "aux")
+            }
+            conn.commit()
+    finally:
+        engine.dispose()
+    assert rows["aux"] == ([("k2", 2)], ["job_created", "job_updated"])
+    assert rows["main"] == ([("k", 1)], ["job_created"])

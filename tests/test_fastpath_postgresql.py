@@ -181,3 +181,27 @@ def test_every_pg_hot_statement_compiles_for_the_fast_path(
         store.close()
     assert rejected == []
 
+
+
+def test_a_read_on_a_callers_connection_leaves_no_transaction_open(
+    postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    """The fast path runs a read's statements on psycopg, which opens the server transaction by
+    itself: the read still ends it, so the caller's next read sees newer commits (REPEATABLE READ
+    would otherwise keep the old snapshot) and no lock is left behind."""
+    from psycopg.pq import TransactionStatus
+
+    owner = open_store(postgres_server.engine, schema=pg_schema, clock=lambda: T0)
+    app = create_engine(postgres_server.url, isolation_level="REPEATABLE READ")
+    try:
+        owner.create_job(id="j1", kind="k", authority=AUTHORITY)
+        with app.connect() as conn:
+            reader = SchedulerStore.on_connection(conn, schema=pg_schema)
+            assert reader.get_job("j1").revision == 1
+            assert conn.connection.dbapi_connection.info.transaction_status == TransactionStatus.IDLE
+            assert not conn.in_transaction()
+            owner.update_job("j1", 1, kind="k2")
+            assert reader.get_job("j1").revision == 2
+    finally:
+        owner.close()
+        app.dispose()

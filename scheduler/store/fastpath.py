@@ -34,9 +34,12 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import UpdateBase
 
-# Connection-level execution options that do not change how a statement executes. (The store
-# passes its own ``schema_translate_map`` with every statement, which overrides a connection's.)
-_NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token", "schema_translate_map"})
+# Connection-level execution options that do not change how a statement executes.
+_NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token"})
+# A connection's ``schema_translate_map`` is overridden by the one the store passes with every
+# statement when its schema is not SQLite's ``main``; for ``main`` the store passes none, and the
+# connection's map applies (so only SQLAlchemy's execution can follow it).
+_TRANSLATE_MAP: Final = "schema_translate_map"
 # (dialect, driver, parameter style) the fast path runs statements for.
 _DRIVERS: Final = frozenset({("sqlite", "pysqlite", "qmark"), ("postgresql", "psycopg", "pyformat")})
 # The SQLAlchemy (2.x) connection internals the fast path consults; without them it stays off.
@@ -312,13 +315,23 @@ class FastPath:
             or conn._echo
             or self._dialect._has_events
             or conn.dialect is not self._dialect
-            or not _NEUTRAL_OPTIONS.issuperset(conn._execution_options)
+            or not self._neutral(conn._execution_options)
         ):
             return False
         dbapi = conn.connection.dbapi_connection
         if dbapi is not self._dbapi or self._cursor is None:
             self._cursor = dbapi.cursor()  # type: ignore[union-attr]
             self._dbapi = dbapi
+        return True
+
+    def _neutral(self, options: Mapping[str, Any]) -> bool:
+        """Whether a connection's execution options leave its statements as the plans run them."""
+        for name, value in options.items():
+            if name in _NEUTRAL_OPTIONS:
+                continue
+            if name == _TRANSLATE_MAP and (not value or self._translate_map is not None):
+                continue
+            return False
         return True
 
     def release(self) -> None:

@@ -448,16 +448,17 @@ class NestedRunner(_Base):
         SQLite: a driver-level deferred ``BEGIN`` … ``ROLLBACK``, so no lock outlives the call
         (a lingering transaction would make every other process's writes fail ``SQLITE_BUSY``);
         the caller's own logical transaction, if any, is left as it was. Other drivers: the
-        transaction the read auto-began is rolled back.
+        transaction the read began is rolled back (begun through SQLAlchemy even when the fast
+        path runs the statements on the driver, which SQLAlchemy would not see: psycopg's implicit
+        transaction would stay open, holding its snapshot and locks).
         """
         had_transaction = self.conn.in_transaction()
         driver: Any = self.conn.connection.dbapi_connection if self.conn.dialect.name == "sqlite" else None
         try:
-            if driver is not None:
-                if not had_transaction:
-                    self.conn.begin()  # first: an engine's "begin" event may emit BEGIN itself
-                if self.dialect.driver_in_transaction(self.conn) is False:
-                    driver.execute(BEGIN_READ).close()
+            if not had_transaction:
+                self.conn.begin()  # first: an engine's "begin" event may emit BEGIN itself
+            if driver is not None and self.dialect.driver_in_transaction(self.conn) is False:
+                driver.execute(BEGIN_READ).close()
             return operation(self._tx(False, self._usable_fastpath()))
         except BaseException as error:
             if isinstance(error, SchedulerKernelError):
