@@ -9,18 +9,24 @@ cursor, skipping the per-call cache key, execution context and result set-up (ab
 statement on SQLite, 60–100 µs on PostgreSQL). Rows are light named tuples that support what the
 store uses of a SQLAlchemy ``Row``: attribute access, indexing and ``_mapping``.
 
+Expanding ``IN`` lists and literal-execute binds (the claims' ``LIMIT``/``OFFSET``) are expanded
+by SQLAlchemy's own post-compile step once per list length and value; that SQL is then reused.
+
 SQLAlchemy's own execution is used instead whenever it could behave differently: another
-dialect or driver, a statement the fast path cannot reproduce exactly (type processors,
-literal-execute or callable binds, executemany with RETURNING, prefetched defaults), and any
-connection that is instrumented — connection, engine or dialect events (so
-``before_cursor_execute`` listeners see every statement), echo, or execution options other
-than the isolation level. Driver errors go through SQLAlchemy's own error handling, so they
-surface wrapped exactly as ``Connection.execute`` wraps them.
+dialect or driver (aiosqlite, asyncpg, async psycopg), a statement the fast path cannot
+reproduce exactly (type processors, callable binds, executemany with RETURNING or with expanding
+or literal-execute binds, prefetched defaults), and any connection that is instrumented —
+connection, engine or dialect events (so ``before_cursor_execute`` listeners see every
+statement), echo, or execution options other than the isolation level (and a
+``schema_translate_map`` the store's own map does not override). Driver errors go through
+SQLAlchemy's own error handling, so they surface wrapped exactly as ``Connection.execute`` wraps
+them.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
@@ -40,6 +46,10 @@ _NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token"})
 # statement when its schema is not SQLite's ``main``; for ``main`` the store passes none, and the
 # connection's map applies (so only SQLAlchemy's execution can follow it).
 _TRANSLATE_MAP: Final = "schema_translate_map"
+# Compiling a shared module-level statement in several threads at once can see another thread's
+# half-built lazy attributes on SQLAlchemy 2.0 ("All selectables passed to CompoundSelect must
+# have identical numbers of columns … has 0"): plans are compiled one at a time (once each).
+_COMPILING: Final = threading.Lock()
 # (dialect, driver, parameter style) the fast path runs statements for.
 _DRIVERS: Final = frozenset({("sqlite", "pysqlite", "qmark"), ("postgresql", "psycopg", "pyformat")})
 # The SQLAlchemy (2.x) connection internals the fast path consults; without them it stays off.
@@ -355,7 +365,9 @@ class FastPath:
         try:
             return self._plans[key]
         except KeyError:
-            plan = self._plans[key] = _compile(prepared, self._dialect, key[1], many, self._translate_map)
+            with _COMPILING:
+                plan = _compile(prepared, self._dialect, key[1], many, self._translate_map)
+            self._plans[key] = plan
             return plan
 
     def _failed(

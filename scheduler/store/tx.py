@@ -30,10 +30,6 @@ def read_clock(clock: Clock) -> int:
     return normalize_epoch_ms(clock(), "clock result")
 
 
-_COUNTED: Final = {"preserve_rowcount": True}
-"""Keep the driver's row count after the result closes (SQLAlchemy ≥ 2.0.28; psycopg resets an
-INSERT's count when its cursor closes, so before 2.1 an INSERT's ``rowcount`` read -1)."""
-
 EVENT_INSERT: Final = Prepared(insert(t.events))
 """One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
 
@@ -155,15 +151,9 @@ class Tx:
             done = self._run(statement, parameters)
             if done is not None:
                 return done[1]
-        if isinstance(statement, Prepared):
-            statement = statement.statement
-        options = {**(self.options or {}), **_COUNTED}
         if isinstance(parameters, list) and not self.conn.dialect.supports_sane_multi_rowcount:
-            return sum(
-                int(self.conn.execute(statement, one, execution_options=options).rowcount)
-                for one in parameters
-            )
-        return int(self.conn.execute(statement, parameters, execution_options=options).rowcount)
+            return sum(int(self.execute(statement, one).rowcount) for one in parameters)
+        return int(self.execute(statement, parameters).rowcount)
 
     def new_uuid(self) -> str:
         value = self._uuid_factory()
