@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,26 +166,35 @@ def test_clock_none_is_the_server_clock_and_an_injected_clock_wins(pg_engine: En
         assert store.clock() == T0
 
 
+def stamp_after_a_held_row(
+    engine: Engine, lock_sql: str, call: Callable[[], int | None]
+) -> tuple[int | None, int]:
+    """Run ``call`` (in a thread) while another transaction holds a row (``lock_sql``) for 0.5 s;
+    returns what ``call`` returned (a time it stamped) and the server time the row was released."""
+    holder = engine.connect()
+    holder.exec_driver_sql(lock_sql)
+    stamped: list[int | None] = []
+    worker = threading.Thread(target=lambda: stamped.append(call()))
+    started = server_ms(engine)
+    worker.start()
+    time.sleep(0.5)
+    released = server_ms(engine)
+    holder.close()
+    worker.join(30)
+    assert released - started >= 400 and stamped
+    return stamped[0], released
+
+
 def test_the_server_clock_is_read_after_the_rows_are_locked(pg_engine: Engine, pg_schema: str) -> None:
     """update_job waits for the job row another transaction holds; its time is read after."""
     with open_store(pg_engine, schema=pg_schema) as store:
         store.create_job(id="job-1", kind="email", authority=AUTHORITY)
-        holder = pg_engine.connect()
-        holder.exec_driver_sql(
-            f"SELECT 1 FROM {quote_identifier(pg_schema)}.jobs WHERE job_id = 'job-1' FOR UPDATE"
+        updated_at, released = stamp_after_a_held_row(
+            pg_engine,
+            f"SELECT 1 FROM {quote_identifier(pg_schema)}.jobs WHERE job_id = 'job-1' FOR UPDATE",
+            lambda: store.update_job("job-1", 1, payload=1).updated_at,
         )
-        updated: list[int] = []
-        worker = threading.Thread(
-            target=lambda: updated.append(store.update_job("job-1", 1, payload=1).updated_at)
-        )
-        started = server_ms(pg_engine)
-        worker.start()
-        time.sleep(0.5)
-        released = server_ms(pg_engine)
-        holder.close()
-        worker.join(30)
-        assert released - started >= 400
-        assert updated and updated[0] >= released
+        assert updated_at is not None and updated_at >= released
 
 
 @pytest.mark.parametrize("call", ["settle", "settle_and_claim"])
@@ -198,29 +208,20 @@ def test_a_settlement_reads_the_server_clock_after_the_settled_row_is_locked(
         queued = store.enqueue_occurrence(job_id="job-1", scheduled_for=0, trigger_key="k")
         held = store.claim_next(owner_id="w", lease_ms=60_000)
         assert held is not None and held.id == queued.id
-        holder = pg_engine.connect()
-        holder.exec_driver_sql(
-            f"SELECT 1 FROM {quote_identifier(pg_schema)}.occurrences "
-            f"WHERE occurrence_id = '{held.id}' FOR UPDATE"
-        )
-        settled: list[int | None] = []
         settle = {"occurrence_id": held.id, "owner_id": "w", "fence": held.fence, "outcome": "succeeded"}
 
-        def run() -> None:
+        def run() -> int | None:
             if call == "settle":
-                settled.append(store.settle(**settle).settled_at)
-            else:
-                settled.append(store.settle_and_claim(**settle, lease_ms=60_000).settled.settled_at)
+                return store.settle(**settle).settled_at
+            return store.settle_and_claim(**settle, lease_ms=60_000).settled.settled_at
 
-        worker = threading.Thread(target=run)
-        started = server_ms(pg_engine)
-        worker.start()
-        time.sleep(0.5)
-        released = server_ms(pg_engine)
-        holder.close()
-        worker.join(30)
-        assert released - started >= 400
-        assert settled and settled[0] is not None and settled[0] >= released
+        settled_at, released = stamp_after_a_held_row(
+            pg_engine,
+            f"SELECT 1 FROM {quote_identifier(pg_schema)}.occurrences "
+            f"WHERE occurrence_id = '{held.id}' FOR UPDATE",
+            run,
+        )
+        assert settled_at is not None and settled_at >= released
 
 
 def test_busy_timeout_and_planner_setting_of_the_store_connection(pg_engine: Engine, pg_schema: str) -> None:
