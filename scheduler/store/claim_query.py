@@ -207,10 +207,12 @@ _ONE: Final[ColumnElement[int]] = literal_column("1")
 
 def _count(name: str) -> Any:
     """A ``LIMIT``/``OFFSET`` value, rendered into the SQL when the statement runs (one statement
-    text per value, prepared and cached like any other): PostgreSQL's generic plan of a statement
-    whose limit is a parameter assumes it reads a tenth of the rows and sorts them, so only
-    a known limit lets the server reuse one plan (instead of planning the ~10 KB claim statement
-    on every claim) and keep the ordered index walk at any depth."""
+    text per value, prepared and cached like any other). PostgreSQL's generic plan of a statement
+    whose limit is a parameter assumes it reads a tenth of the rows: on an analyzed queue its
+    estimate was 200 × the custom plans' (132,001 against 639 at 200k queued), so the server
+    planned the ~10 KB claim statement again on every claim, and JIT-compiled the generic plan
+    whenever it did run it. With the limits known, the generic plan costs what a custom one does
+    and is reused (``tests/test_postgresql_stale_stats.py``)."""
     return bindparam(name, type_=Integer(), literal_execute=True)
 
 
