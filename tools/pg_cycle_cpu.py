@@ -1,0 +1,150 @@
+"""Client and server CPU of one worker's ``settle_and_claim`` cycles on PostgreSQL.
+
+    PYTHONPATH=. python tools/pg_cycle_cpu.py --url postgresql+psycopg://root@127.0.0.1:5432/test
+    PYTHONPATH=. python tools/pg_cycle_cpu.py --url … --analyze --per-statement
+
+Runs ``--cycles`` cycles on a queue of as many rows (in a schema of its own, dropped at the end)
+with the server clock, and prints cycles/s, client CPU per cycle (``time.thread_time``) and server
+CPU per cycle (the backend's ``/proc/<pid>/stat``; the server must be local). ``--analyze`` runs
+``ANALYZE occurrences`` first (the state autovacuum brings a real queue to); ``--per-statement``
+also prints the client CPU and wall time of each fast-path statement (it wraps the fast path's
+calls, adding ~2 µs to each). The figures of docs/benchmarks.md "Where the time goes now" and of
+its table of changes came from these loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import create_engine
+
+from scheduler import open_store
+from scheduler.store import fastpath
+
+AUTHORITY = {"principal": {"type": "service", "id": "pg-cycle-cpu"}}
+Totals = dict[str, list[float]]
+
+
+def backend_cpu_s(engine: Any, application: str) -> float:
+    """utime + stime of the server backends serving ``application``."""
+    with engine.connect() as connection:
+        pids = connection.exec_driver_sql(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %(name)s", {"name": application}
+        ).scalars()
+        ticks = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def timed_statements(totals: Totals) -> Iterator[None]:
+    """Accumulate (count, client CPU s, wall s) per fast-path statement while inside."""
+    run, driver_sql, commit = (
+        fastpath.FastPath.run,
+        fastpath.FastPath.run_driver_sql,
+        fastpath.FastPath.commit,
+    )
+    names: dict[int, str] = {}
+
+    def note(name: str, started: tuple[float, float]) -> None:
+        entry = totals.setdefault(name, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += time.thread_time() - started[0]
+        entry[2] += time.perf_counter() - started[1]
+
+    def timed_run(self: Any, conn: Any, prepared: Any, parameters: Any) -> Any:
+        started = (time.thread_time(), time.perf_counter())
+        done = run(self, conn, prepared, parameters)
+        name = names.get(id(prepared))
+        if name is None:
+            name = names[id(prepared)] = " ".join(str(prepared.statement).split())[:70]
+        note(name, started)
+        return done
+
+    def timed_driver_sql(self: Any, conn: Any, sql: str) -> None:
+        started = (time.thread_time(), time.perf_counter())
+        driver_sql(self, conn, sql)
+        note(sql, started)
+
+    def timed_commit(self: Any, conn: Any) -> None:
+        started = (time.thread_time(), time.perf_counter())
+        commit(self, conn)
+        note("COMMIT", started)
+
+    fastpath.FastPath.run = timed_run  # type: ignore[method-assign]
+    fastpath.FastPath.run_driver_sql = timed_driver_sql  # type: ignore[method-assign]
+    fastpath.FastPath.commit = timed_commit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fastpath.FastPath.run, fastpath.FastPath.run_driver_sql = run, driver_sql  # type: ignore[method-assign]
+        fastpath.FastPath.commit = commit  # type: ignore[method-assign]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--cycles", type=int, default=1000)
+    parser.add_argument("--analyze", action="store_true")
+    parser.add_argument("--per-statement", action="store_true")
+    args = parser.parse_args()
+    application = f"pg_cycle_cpu_{os.getpid()}"
+    engine = create_engine(args.url, connect_args={"application_name": application})
+    schema = f"cycle_cpu_{os.getpid()}"
+    store = open_store(engine, schema=schema)
+    try:
+        store.create_job(id="job", kind="bench", authority=AUTHORITY)
+        due = int(time.time() * 1000) - 10**9
+        for start in range(0, args.cycles + 1, 500):
+            stop = min(args.cycles + 1, start + 500)
+            store.enqueue_many(
+                [
+                    {"job_id": "job", "scheduled_for": due + i, "trigger_key": f"t{i}"}
+                    for i in range(start, stop)
+                ]
+            )
+        if args.analyze:
+            with engine.begin() as connection:
+                connection.exec_driver_sql(f'ANALYZE "{schema}".occurrences')
+        held = store.claim_next(owner_id="w", lease_ms=60_000)
+        totals: Totals = {}
+        server = backend_cpu_s(engine, application)
+        client, wall = time.thread_time(), time.perf_counter()
+        with timed_statements(totals) if args.per_statement else nullcontext():
+            for _ in range(args.cycles):
+                assert held is not None
+                held = store.settle_and_claim(
+                    occurrence_id=held.id,
+                    owner_id="w",
+                    fence=held.fence,
+                    outcome="succeeded",
+                    lease_ms=60_000,
+                ).claimed
+        wall, client = time.perf_counter() - wall, time.thread_time() - client
+        server = backend_cpu_s(engine, application) - server
+        print(
+            f"{args.cycles / wall:.0f} cycles/s; per cycle: wall {wall / args.cycles * 1e3:.2f} ms, "
+            f"client CPU {client / args.cycles * 1e6:.0f} µs, server CPU {server / args.cycles * 1e6:.0f} µs"
+        )
+        for name, (count, cpu, spent) in sorted(totals.items(), key=lambda item: -item[1][1]):
+            cpu_us, wall_us = cpu / count * 1e6, spent / count * 1e6
+            print(f"  {count:6.0f} × client CPU {cpu_us:6.1f} µs, wall {wall_us:6.1f} µs  {name}")
+    finally:
+        store.close()
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
