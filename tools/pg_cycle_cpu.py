@@ -5,7 +5,8 @@
 
 Runs ``--cycles`` cycles on a queue of as many rows (in a schema of its own, dropped at the end)
 with the server clock, and prints cycles/s, client CPU per cycle (``time.thread_time``) and server
-CPU per cycle (the backend's ``/proc/<pid>/stat``; the server must be local). ``--analyze`` runs
+CPU per cycle (the backend's ``/proc/<pid>/stat``, read as the bench reads it; the server must be
+local). ``--analyze`` runs
 ``ANALYZE occurrences`` first (the state autovacuum brings a real queue to); ``--per-statement``
 also prints the client CPU and wall time of each fast-path statement (it wraps the fast path's
 calls, adding ~2 µs to each). The figures of docs/benchmarks.md "Where the time goes now" and of
@@ -22,26 +23,15 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 from scheduler import open_store
+from scheduler.bench.pg_server import backend_cpu_s, backend_pids
+from scheduler.bench.pg_workers import worker_engine
 from scheduler.store import fastpath
 
 AUTHORITY = {"principal": {"type": "service", "id": "pg-cycle-cpu"}}
 Totals = dict[str, list[float]]
-
-
-def backend_cpu_s(engine: Any, application: str) -> float:
-    """utime + stime of the server backends serving ``application``."""
-    with engine.connect() as connection:
-        pids = connection.exec_driver_sql(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %(name)s", {"name": application}
-        ).scalars()
-        ticks = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
@@ -99,7 +89,8 @@ def main() -> None:
     parser.add_argument("--per-statement", action="store_true")
     args = parser.parse_args()
     application = f"pg_cycle_cpu_{os.getpid()}"
-    engine = create_engine(args.url, connect_args={"application_name": application})
+    engine = worker_engine(args.url, application)  # the store's one connection, tagged
+    admin = create_engine(args.url, poolclass=NullPool)  # untagged: not counted
     schema = f"cycle_cpu_{os.getpid()}"
     store = open_store(engine, schema=schema)
     try:
@@ -114,11 +105,12 @@ def main() -> None:
                 ]
             )
         if args.analyze:
-            with engine.begin() as connection:
+            with admin.begin() as connection:
                 connection.exec_driver_sql(f'ANALYZE "{schema}".occurrences')
         held = store.claim_next(owner_id="w", lease_ms=60_000)
         totals: Totals = {}
-        server = backend_cpu_s(engine, application)
+        pids = backend_pids(admin, application)
+        server = backend_cpu_s(pids) or 0.0
         client, wall = time.thread_time(), time.perf_counter()
         with timed_statements(totals) if args.per_statement else nullcontext():
             for _ in range(args.cycles):
@@ -131,7 +123,7 @@ def main() -> None:
                     lease_ms=60_000,
                 ).claimed
         wall, client = time.perf_counter() - wall, time.thread_time() - client
-        server = backend_cpu_s(engine, application) - server
+        server = (backend_cpu_s(pids) or 0.0) - server
         print(
             f"{args.cycles / wall:.0f} cycles/s; per cycle: wall {wall / args.cycles * 1e3:.2f} ms, "
             f"client CPU {client / args.cycles * 1e6:.0f} µs, server CPU {server / args.cycles * 1e6:.0f} µs"
@@ -141,9 +133,10 @@ def main() -> None:
             print(f"  {count:6.0f} × client CPU {cpu_us:6.1f} µs, wall {wall_us:6.1f} µs  {name}")
     finally:
         store.close()
-        with engine.begin() as connection:
+        with admin.begin() as connection:
             connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         engine.dispose()
+        admin.dispose()
 
 
 if __name__ == "__main__":
