@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, tuple_
 
 from scheduler import SchedulerStore, open_store
 from scheduler.schema import tables as t
@@ -133,6 +133,13 @@ OCCURRENCES_BY_ID = fastpath.Prepared(
         t.occurrences.c.status != "succeeded",
     )
 )
+OCCURRENCES_BY_KEY = fastpath.Prepared(
+    select(t.occurrences.c.occurrence_id).where(
+        tuple_(t.occurrences.c.occurrence_id, t.occurrences.c.fence, t.occurrences.c.status).in_(
+            bindparam("p_keys", expanding=True)
+        )
+    )
+)
 EXPANDING = [
     pytest.param("p_keys", [("a", 1, "queued")], id="tuples-1"),
     pytest.param("p_keys", [("a", 1, "queued"), ("b", 2, "running"), ("c", 3, "queued")], id="tuples-3"),
@@ -150,10 +157,8 @@ def test_an_expanding_statement_binds_what_sqlalchemy_binds_for_each_length(
     every later call binds exactly what SQLAlchemy's post-compile step binds."""
     from sqlalchemy.dialects import postgresql, sqlite
 
-    from scheduler.store.claim_locks import LOCK_CANDIDATES
-
     dialect = sqlite.dialect() if dialect_name == "sqlite" else postgresql.psycopg.dialect()  # type: ignore[attr-defined]
-    statement = LOCK_CANDIDATES if name == "p_keys" else OCCURRENCES_BY_ID
+    statement = OCCURRENCES_BY_KEY if name == "p_keys" else OCCURRENCES_BY_ID
     plan = fastpath._compile(statement, dialect, None, False)
     assert plan is not None and plan.compiled is not None
     for round_ in range(2):

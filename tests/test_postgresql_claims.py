@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
 from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
@@ -363,7 +363,10 @@ def test_no_claim_statement_scans_the_occurrences_table(
             claim_query.CLAIM_OCCURRENCE,
             {"now": now, "occurrence_id": ids[0], "expired_limit": 100},
         ),
-        "lock candidates": (claim_locks.LOCK_CANDIDATES.statement, {"p_keys": keys}),
+        "lock candidates": (
+            claim_locks.LOCK_CANDIDATES.statement,
+            {"p_ids": ids, "p_versions": [claim_locks.version(*key) for key in keys], "p_limit": 1},
+        ),
         "lock expired": (claim_locks.LOCK_EXPIRED.statement, {"p_ids": ids, "p_now": now}),
         "lock target": (claim_locks.LOCK_TARGET.statement, {"p_id": ids[0]}),
         "re-read": (claim_query.LOCKED_ROWS.statement, {"p_ids": ids}),
@@ -382,3 +385,89 @@ def test_no_claim_statement_scans_the_occurrences_table(
             assert all(node["Node Type"] != "Seq Scan" for node in nodes), (name, nodes)
     claimed = store.claim_next(owner_id="w", lease_ms=LEASE)  # the oldest due row: the first bulk one
     assert claimed is not None and claimed.id == "occ_bulk_deep_000000001"
+
+
+def test_a_candidate_committed_while_the_lock_statement_runs_is_returned_as_it_is_now(
+    open_stores: StoreMaker, pg_engine: Engine, pg_schema: str
+) -> None:
+    """PostgreSQL locks the newest version of a row another transaction updated and committed
+    after the lock statement's snapshot was taken, then re-checks the ``WHERE`` clause on it
+    (EvalPlanQual). The claim's lock statement checks the version it read through a second
+    reference to the table, so such a row is returned (as it is now: the claim sees the change
+    and rolls the attempt back) instead of staying locked unseen. The statement is slowed here
+    (``pg_sleep`` on each row before it is locked) so the other commit lands in between."""
+    (store,) = open_stores(1)
+    first, second = enqueue(store, 2)
+    slowed = claim_locks.LOCK_CANDIDATES.statement.where(text("EXISTS (SELECT FROM pg_sleep(0.2))"))
+    params = {
+        "p_ids": [first, second],
+        "p_versions": [claim_locks.version(key, 0, "queued") for key in (first, second)],
+        "p_limit": 1,
+    }
+    results: list[Any] = []
+    with pg_engine.connect() as locker:
+        locker = locker.execution_options(schema_translate_map={None: pg_schema})
+        pid = locker.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        locker.commit()
+
+        def lock() -> None:
+            with locker.begin():
+                results.extend(tuple(row) for row in locker.execute(slowed, params))
+                results.append(_row_lock_free(pg_engine, pg_schema, first))
+
+        thread = threading.Thread(target=lock)
+        thread.start()
+        while _wait_event(pg_engine, pid) != "PgSleep":
+            assert thread.is_alive(), results
+        with pg_engine.begin() as claimer:  # another worker changes the first row meanwhile
+            claimer.exec_driver_sql(
+                f'UPDATE "{pg_schema}".occurrences SET fence = 1 WHERE occurrence_id = %(id)s',
+                {"id": first},
+            )
+        thread.join(30)
+    assert results == [(first, 1, "queued"), False]  # returned as it is now, and locked by the claim
+
+
+def _wait_event(engine: Engine, pid: int) -> str | None:
+    with engine.connect() as connection:
+        return connection.exec_driver_sql(
+            "SELECT wait_event FROM pg_stat_activity WHERE pid = %(pid)s", {"pid": pid}
+        ).scalar()
+
+
+def _row_lock_free(engine: Engine, schema: str, occurrence_id: str) -> bool:
+    """Whether another transaction could lock the row at once (``FOR UPDATE SKIP LOCKED``)."""
+    with engine.connect() as connection, connection.begin():
+        return bool(
+            connection.exec_driver_sql(
+                f'SELECT 1 FROM "{schema}".occurrences WHERE occurrence_id = %(id)s FOR UPDATE SKIP LOCKED',
+                {"id": occurrence_id},
+            ).all()
+        )
+
+
+def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
+    open_stores: StoreMaker, pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers reading the same head of the queue do not pay a statement per row another holds:
+    one lock statement passes over the held ones and locks the first free row, and nothing is
+    rolled back."""
+    (store,) = open_stores(1)
+    made = enqueue(store, 8)
+    statements: list[str] = []
+    real = claim_locks.Tx.all
+
+    def counting(tx: Any, statement: Any, parameters: Any = None) -> Any:
+        if statement is claim_locks.LOCK_CANDIDATES:
+            statements.append("lock")
+        return real(tx, statement, parameters)
+
+    driver_sql = claim_locks.Tx.driver_sql
+    monkeypatch.setattr(claim_locks.Tx, "all", counting)
+    monkeypatch.setattr(
+        claim_locks.Tx, "driver_sql", lambda tx, sql: (statements.append(sql), driver_sql(tx, sql))[1]
+    )
+    with held(pg_engine, pg_schema, made[:5]):
+        claimed = store.claim_next(owner_id="w", lease_ms=LEASE)
+    assert claimed is not None and claimed.id == made[5]
+    assert statements == [claim_locks.SAVEPOINT, "lock"]

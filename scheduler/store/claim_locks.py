@@ -3,26 +3,34 @@
 SQLite runs one writer at a time, so what a claim reads stays true until it commits. On
 PostgreSQL (READ COMMITTED) other workers claim, settle, renew and sweep at the same time: the
 claim statement (:mod:`scheduler.store.claim_query`) is read without locks, and before rows are
-claimed or swept this module locks them ``FOR UPDATE SKIP LOCKED`` with the fence and status
-(sweep: the expiry) they were read with, so a row another transaction holds is passed over at
-once instead of waited for. The locked rows are then read again: a statement that starts after
-the lock sees every write committed before it, including the runtime control, requeue request
-and adjudication rows that are not on the occurrence row (each of their writers locks the
-occurrence row first, so none can change them while this transaction holds it), and the claim
-or sweep is decided on those fresh rows.
+claimed or swept this module locks them ``FOR UPDATE SKIP LOCKED``, so a row another transaction
+holds is passed over at once instead of waited for. The locked rows are then read again: a
+statement that starts after the lock sees every write committed before it, including the
+runtime control, requeue request and adjudication rows that are not on the occurrence row (each
+of their writers locks the occurrence row first, so none can change them while this transaction
+holds it), and the claim or sweep is decided on those fresh rows.
 
-PostgreSQL locks the newest version of a row before it re-checks the ``WHERE`` clause
-(EvalPlanQual): a row another worker claimed and committed *during* the lock statement is locked
-although it is not returned. So each lock attempt runs in a savepoint, and it is kept only when
-every row asked for was locked and is still to be claimed or swept; otherwise the attempt is
-rolled back to the savepoint (releasing whatever it locked) and repeated with the rows that were
-fine. A worker therefore never keeps a lock on a row it does not claim or sweep, and never makes
-the owner of such a row wait. One savepoint per lock round, not per row (a transaction with many
-subtransactions slows every snapshot on the server).
+Claims lock the first candidates free to take in one statement (:data:`LOCK_CANDIDATES`): the
+candidates in the seed's order, limited to the number wanted, so among N workers reading the same
+head of the queue each takes the first row the others do not hold without a statement per row
+passed over. A candidate counts as free only if its fence and status are those it was read with,
+checked on the statement's snapshot through a second reference to the table, not on the row
+being locked: PostgreSQL locks the newest version of a row before it re-checks the ``WHERE``
+clause (EvalPlanQual), and a condition on the locked row itself would leave a row that another
+worker claimed and committed *during* the statement locked but not returned. Checked this way,
+every row the statement locks is returned, as it is now, and one that changed is recognised.
 
-A targeted claim (``claim_occurrence``) waits for the named row instead (plain ``FOR UPDATE``):
-if another worker is claiming it right now, the targeted claim runs as if serially after that
-claim (it then finds the row running under a live lease and returns ``None``).
+Each lock attempt runs in a savepoint, kept only when every row locked is still to be claimed or
+swept; otherwise the attempt is rolled back to the savepoint (releasing whatever it locked) and
+repeated without the rows that changed. A worker therefore never keeps a lock on a row it does
+not claim or sweep, and never makes the owner of such a row wait. One savepoint per claim, reused
+by the next attempt while nothing else ran (a transaction with many subtransactions slows every
+snapshot on the server).
+
+A sweep locks its whole batch (:data:`LOCK_EXPIRED`, the rows still expired on their final
+attempt). A targeted claim (``claim_occurrence``) waits for the named row instead (plain ``FOR
+UPDATE``): if another worker is claiming it right now, the targeted claim runs as if serially
+after that claim (it then finds the row running under a live lease and returns ``None``).
 
 The statements are dialect-free Core (``with_for_update`` renders nothing on SQLite, which never
 runs them); the savepoint is standard SQL.
@@ -33,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from sqlalchemy import bindparam, literal_column, select, tuple_
+from sqlalchemy import Integer, String, bindparam, case, cast, literal_column, select
 
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
@@ -43,13 +51,55 @@ from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.tx import Tx
 
 _o = t.occurrences
+_seen = t.occurrences.alias("as_read")
+
+
+def _version(table: Any) -> Any:
+    """``id:fence:status``, one value per row version a claim tells apart (see :func:`version`).
+
+    Compared as one value rather than as ``(id, fence, status) IN …``: PostgreSQL factors the
+    terms every candidate shares (``status = 'queued' AND fence = 0``) out of that list, and on a
+    queue without statistics then walks the status index instead of the primary key.
+    """
+    return (
+        table.c.occurrence_id
+        + literal_column("':'")
+        + cast(table.c.fence, String)
+        + literal_column("':'")
+        + table.c.status
+    )
+
+
+def version(occurrence_id: str, fence: int, status: str) -> str:
+    """A row version's ``id:fence:status`` as :data:`LOCK_CANDIDATES` compares it (unambiguous:
+    the fence is an integer and no status contains ``:``)."""
+    return f"{occurrence_id}:{fence}:{status}"
+
+
+_ids: Any = bindparam("p_ids", expanding=True)
 LOCK_CANDIDATES: Final = Prepared(
-    select(_o.c.occurrence_id)
-    .where(tuple_(_o.c.occurrence_id, _o.c.fence, _o.c.status).in_(bindparam("p_keys", expanding=True)))
-    .with_for_update(skip_locked=True)
+    select(_o.c.occurrence_id, _o.c.fence, _o.c.status)
+    .where(
+        _o.c.occurrence_id.in_(_ids),
+        _o.c.occurrence_id.in_(
+            select(_seen.c.occurrence_id).where(
+                _seen.c.occurrence_id.in_(_ids),
+                _version(_seen).in_(bindparam("p_versions", expanding=True)),
+            )
+        ),
+    )
+    .order_by(
+        case((_o.c.status == literal_column(f"'{RUNNING}'"), _o.c.lease_expires_at), else_=_o.c.available_at),
+        _o.c.scheduled_for,
+        _o.c.occurrence_id,
+    )
+    .limit(bindparam("p_limit", type_=Integer(), literal_execute=True))
+    .with_for_update(skip_locked=True, of=_o)
 )
-"""The candidates (id, fence, status) that still have the fence and status they were read with
-and that no other transaction holds."""
+"""The first ``p_limit`` of the candidates ``p_ids`` in the seed's order (``claim_plan.sort_key``)
+that no other transaction holds and that had, when the statement began, the fence and status
+they were read with (``p_versions``: :func:`version` of each); each is returned as it is once
+locked."""
 LOCK_EXPIRED: Final = Prepared(
     select(_o.c.occurrence_id)
     .where(
@@ -80,7 +130,8 @@ def _lock_exactly(
     accepts, in the order given; nothing else stays locked (see the module docstring)."""
     if not rows:
         return []
-    tx.driver_sql(SAVEPOINT)
+    if not tx.claim_savepoint_kept:
+        tx.driver_sql(SAVEPOINT)
     wanted = list(rows)
     while wanted:
         statement, params = lock(wanted)
@@ -95,6 +146,10 @@ def _lock_exactly(
         # so the owner of a row locked by mistake waits as little as possible) and try again.
         tx.driver_sql(ROLLBACK_TO_SAVEPOINT)
         wanted = [row for row in wanted if row.occurrence_id in locked]
+    # The savepoint stays established after the rollback, and the transaction is as it was when
+    # it was taken: the next lock round (usually the next candidate) starts from it instead of
+    # nesting another one.
+    tx.claim_savepoint_kept = True
     return []
 
 
@@ -103,22 +158,56 @@ def _kept(row: StoredRow, fresh: dict[str, StoredRow], keep: Callable[[StoredRow
     return now_row is not None and keep(row, now_row)
 
 
-def lock_candidates(tx: Tx, candidates: Sequence[StoredRow]) -> list[StoredRow]:
-    """The candidates this transaction could lock, as they are now, in the order given.
+def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tuple[list[StoredRow], int]:
+    """The first ``count`` candidates (given in the seed's order) this transaction could lock, as
+    they are now, and how many of ``candidates`` were looked at; those after stay candidates.
 
     A candidate is passed over when another transaction holds it, when its fence or status
     changed since it was read (another worker claimed or settled it), or when its fresh row is
     no longer claimable at the same place in the seed's order (e.g. its lease was renewed).
     """
     now = tx.now
+    if not tx.claim_savepoint_kept:
+        tx.driver_sql(SAVEPOINT)
+    position = {row.occurrence_id: index for index, row in enumerate(candidates)}
+    remaining = list(candidates)
+    while remaining:
+        params = {
+            "p_ids": [row.occurrence_id for row in remaining],
+            "p_versions": [version(row.occurrence_id, row.fence, row.status) for row in remaining],
+            "p_limit": count,
+        }
+        locked = tx.all(LOCK_CANDIDATES, params)
+        if not locked:
+            break  # nothing was locked: the transaction is as it was at the savepoint
+        seen = len(candidates)
+        if len(locked) == count:  # the limit stopped the statement: later candidates were not looked at
+            seen = max(position[row.occurrence_id] for row in locked) + 1
+        read = {row.occurrence_id: row for row in remaining}
+        unchanged = [row.occurrence_id for row in locked if _as_read(row, read[row.occurrence_id])]
+        if len(unchanged) == len(locked):
+            fresh = {row.occurrence_id: row for row in tx.all(LOCKED_ROWS, {"p_ids": sorted(unchanged)})}
+            kept = [fresh[key] for key in unchanged if _still_claimable(read[key], fresh, now)]
+            if len(kept) == len(locked):
+                return sorted(kept, key=lambda row: position[row.occurrence_id]), seen
+            unchanged = [row.occurrence_id for row in kept]
+        # A row changed while the statement ran, or is no longer to be claimed: release
+        # everything this attempt locked and try again without the rows that changed.
+        tx.driver_sql(ROLLBACK_TO_SAVEPOINT)
+        changed = {row.occurrence_id for row in locked} - set(unchanged)
+        remaining = [row for row in remaining if row.occurrence_id not in changed]
+    # Nothing stays locked, and the savepoint is still established: the next attempt reuses it.
+    tx.claim_savepoint_kept = True
+    return [], len(candidates)
 
-    def lock(rows: Sequence[StoredRow]) -> tuple[Prepared, dict[str, Any]]:
-        return LOCK_CANDIDATES, {"p_keys": [(row.occurrence_id, row.fence, row.status) for row in rows]}
 
-    def keep(read: StoredRow, fresh: StoredRow) -> bool:
-        return claimable(fresh, now) and sort_key(fresh) == sort_key(read)
+def _as_read(locked: StoredRow, read: StoredRow) -> bool:
+    return bool(locked.fence == read.fence and locked.status == read.status)
 
-    return _lock_exactly(tx, candidates, lock, keep)
+
+def _still_claimable(read: StoredRow, fresh: dict[str, StoredRow], now: int) -> bool:
+    now_row = fresh.get(read.occurrence_id)
+    return now_row is not None and claimable(now_row, now) and sort_key(now_row) == sort_key(read)
 
 
 def locked_sweep(tx: Tx, batch: Sequence[StoredRow]) -> list[StoredRow]:

@@ -90,7 +90,17 @@ class ClaimPlan:
     same transaction are the remaining rows of the same ordered streams.
     """
 
-    __slots__ = ("_done", "_open", "_read_limit", "_running", "_streams", "_sweep", "target", "window_ends")
+    __slots__ = (
+        "_done",
+        "_open",
+        "_origin",
+        "_read_limit",
+        "_running",
+        "_streams",
+        "_sweep",
+        "target",
+        "window_ends",
+    )
 
     def __init__(
         self,
@@ -131,6 +141,7 @@ class ClaimPlan:
         ordered = sorted(expired, key=lambda row: (row.lease_expires_at, row.occurrence_id))
         self._sweep = deque(row for row in ordered if sweepable(row))
         self._running = deque(sorted((row for row in expired if claimable(row, now)), key=sort_key))
+        self._origin: dict[str, deque[StoredRow]] = {}
 
     def _fresh(self, rows: list[StoredRow]) -> list[StoredRow]:
         done = self._done
@@ -186,7 +197,15 @@ class ClaimPlan:
         best = min(streams, key=lambda stream: sort_key(stream[0]))
         row = best.popleft()
         self._done.add(row.occurrence_id)
+        self._origin[row.occurrence_id] = best
         return row
+
+    def put_back(self, rows: Sequence[StoredRow]) -> None:
+        """Return candidates just taken by :meth:`next_candidate` and not looked at (the last
+        ones taken, in the order taken): the next calls yield them again, as if never taken."""
+        for row in reversed(rows):
+            self._origin.pop(row.occurrence_id).appendleft(row)
+            self._done.discard(row.occurrence_id)
 
     def was_swept(self, occurrence_id: str) -> bool:
         return occurrence_id in self._done

@@ -365,10 +365,11 @@ def _next_locked(
     came from (a new one after a read again)."""
     while True:
         candidates: list[StoredRow] = []
-        while len(candidates) < wanted and (candidate := plan.next_candidate()) is not None:
+        while len(candidates) < wanted + CONTENDED_EXTRA and (candidate := plan.next_candidate()) is not None:
             candidates.append(candidate)
         if candidates:
-            locked = lock_candidates(tx, candidates)
+            locked, seen = lock_candidates(tx, candidates, wanted)
+            plan.put_back(candidates[seen:])
             if locked:
                 return locked, plan
         elif plan.dry:

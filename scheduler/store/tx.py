@@ -49,6 +49,7 @@ class Tx:
         "_now",
         "_sampler",
         "_uuid_factory",
+        "claim_savepoint_kept",
         "concurrent",
         "conn",
         "events",
@@ -79,6 +80,10 @@ class Tx:
         self.options = options
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
+        self.claim_savepoint_kept = False
+        """The claim-lock savepoint was just rolled back to and no statement ran since, so the
+        next lock round may start from it (:mod:`scheduler.store.claim_locks`); any statement
+        clears it."""
 
     @property
     def now(self) -> int:
@@ -101,17 +106,20 @@ class Tx:
             self._key_locks(self.conn, scope, sorted(set(keys)))
 
     def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
+        self.claim_savepoint_kept = False
         fast = self._fast
         return None if fast is None else fast.run(self.conn, statement, parameters)
 
     def driver_sql(self, sql: str) -> None:
         """Run a statement without parameters or rows (``SAVEPOINT …``) as the driver's text."""
+        self.claim_savepoint_kept = False
         if self._fast is not None:
             self._fast.run_driver_sql(self.conn, sql)
         else:
             self.conn.exec_driver_sql(sql)
 
     def execute(self, statement: Executable | Prepared, parameters: Any = None) -> CursorResult[Any]:
+        self.claim_savepoint_kept = False
         if isinstance(statement, Prepared):
             statement = statement.statement
         return self.conn.execute(statement, parameters, execution_options=self.options)
