@@ -13,12 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 from backends import PostgresServer, unique_name
-from sqlalchemy import create_engine, event
+from sqlalchemy import bindparam, create_engine, event, literal_column, select
 from sqlalchemy.engine import URL
 from test_fastpath import AUTHORITY, T0, Clock, workload
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
-from scheduler.store.fastpath import FastPath
+from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.records import Occurrence
 from scheduler.testing import dump_tables
 
@@ -205,3 +205,37 @@ def test_a_read_on_a_callers_connection_leaves_no_transaction_open(
     finally:
         owner.close()
         app.dispose()
+
+
+def test_a_savepoint_rollback_keeps_the_prepared_statements(postgres_server: PostgresServer) -> None:
+    """psycopg forgets (and deallocates) every statement it prepared when a statement it has not
+    seen before reports ``ROLLBACK``, as ``ROLLBACK TO SAVEPOINT`` does; the fast path runs its
+    savepoint statements past that cache, so a claim's rare lock-round rollback does not make
+    every hot statement be planned again."""
+    engine = create_engine(postgres_server.url)
+    try:
+        with engine.connect() as connection:
+            fast = FastPath.for_connection(connection)
+            assert fast is not None and fast.usable(connection)
+            statement = Prepared(select(literal_column("1").label("one")).where(bindparam("p") > 0))
+            for _ in range(6):  # psycopg prepares a statement on its sixth execution
+                assert fast.run(connection, statement, {"p": 1}) == ([(1,)], 1)
+            before = _prepared(connection)
+            assert len(before) == 1
+            fast.run_driver_sql(connection, "SAVEPOINT s")
+            fast.run_driver_sql(connection, "ROLLBACK TO SAVEPOINT s")
+            assert fast.run(connection, statement, {"p": 2}) == ([(1,)], 1)
+            assert [name for name, _ in _prepared(connection)] == [name for name, _ in before]
+            assert _prepared(connection)[0][1] > before[0][1]  # the same statement, run again
+            connection.rollback()
+    finally:
+        engine.dispose()
+
+
+def _prepared(connection: Any) -> list[tuple[str, int]]:
+    """(name, executions) of the session's prepared statements (read past psycopg's cache)."""
+    dbapi = connection.connection.dbapi_connection
+    rows = dbapi.execute(
+        "SELECT name, generic_plans + custom_plans FROM pg_prepared_statements ORDER BY name", prepare=False
+    ).fetchall()
+    return [(str(name), int(count)) for name, count in rows]

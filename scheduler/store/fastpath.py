@@ -383,12 +383,29 @@ class FastPath:
         conn._handle_dbapi_exception(error, sql, arguments, cursor, None)
 
     def run_driver_sql(self, conn: Connection, sql: str) -> None:
-        """``conn.exec_driver_sql(sql)`` for a statement without parameters or rows (``BEGIN …``)."""
-        cursor = self._cursor or conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        """``conn.exec_driver_sql(sql)`` for a statement without parameters or rows (``BEGIN …``,
+        ``SAVEPOINT …``, ``ROLLBACK TO SAVEPOINT …``).
+
+        On psycopg the statement bypasses the connection's prepared-statement cache: psycopg
+        forgets every statement it prepared when a statement it has not seen before reports
+        ``ROLLBACK``, and ``ROLLBACK TO SAVEPOINT`` reports ``ROLLBACK``; after a rare rollback
+        (a claim's lock round that met a row changed under it) each hot statement was planned
+        again five times (the ~10 KB claim statement ~1 ms each). A savepoint rollback leaves the
+        server's prepared statements valid, and none of these utility statements gains from being
+        prepared.
+        """
+        dbapi: Any = conn.connection.dbapi_connection
+        cursor = self._cursor or dbapi.cursor()
+        threshold = getattr(dbapi, "prepare_threshold", None)  # (sync) psycopg's connection only
         try:
+            if threshold is not None:
+                dbapi.prepare_threshold = None
             cursor.execute(sql)
         except BaseException as error:
             self._failed(conn, error, sql, (), cursor)
+        finally:
+            if threshold is not None:
+                dbapi.prepare_threshold = threshold
 
     def commit(self, conn: Connection) -> None:
         """COMMIT the driver's transaction (errors wrapped as ``Connection.commit`` wraps them)."""
