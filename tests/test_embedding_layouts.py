@@ -180,6 +180,28 @@ def test_attached_database_beside_tables_named_like_the_schedulers(tmp_path: Pat
     assert (kernel_header["user_version"], kernel_header["application_id"]) == (6, 0x4343534B)
 
 
+def test_a_worker_on_an_attached_kernel_file_keeps_its_rollback_journal(tmp_path: Path) -> None:
+    """docs/embedding.md: the attached layout is atomic only while the files keep a rollback
+    journal, so workers open the kernel file with ``exclusive=False`` (a plain open switches a
+    dedicated file to WAL) and the application keeps connecting beside them."""
+    app, kernel = tmp_path / "app.sqlite", tmp_path / "kernel.sqlite"
+    make_app_file(app)
+    engine = sqlite_engine(app, attach={"kernel": kernel}, journal_mode="delete")
+    try:
+        creating = sqlite_engine(app, attach={"kernel": kernel}, journal_mode="delete")
+        with open_store(creating, schema="kernel"):
+            pass
+        creating.dispose()
+        with open_store(kernel, exclusive=False, clock=lambda: T0) as worker:
+            round_trip(worker)
+            with engine.connect() as connection:
+                assert connection.exec_driver_sql("PRAGMA kernel.journal_mode").scalar_one() == "delete"
+    finally:
+        engine.dispose()
+    with sqlite3.connect(kernel) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
 def test_attached_on_a_connection_without_foreign_keys_is_refused(tmp_path: Path) -> None:
     app, kernel = tmp_path / "app.sqlite", tmp_path / "kernel.sqlite"
     make_app_file(app)
