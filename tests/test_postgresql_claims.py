@@ -450,24 +450,41 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
     open_stores: StoreMaker, pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Workers reading the same head of the queue do not pay a statement per row another holds:
-    one lock statement passes over the held ones and locks the first free row, and nothing is
-    rolled back."""
+    one lock statement over the candidate list passes over the held ones and locks the first
+    free row, and nothing is rolled back. A single claim first reads and tries only the head of
+    the queue; once a head was held, the store's claims read the list at once, until
+    ``ClaimContention.QUIET_CLAIMS`` claims in a row took their first candidate."""
     (store,) = open_stores(1)
-    made = enqueue(store, 8)
-    statements: list[str] = []
-    real = claim_locks.Tx.all
+    made = enqueue(store, 20)
+    seen: list[str] = []
+    real_all, real_sql = claim_locks.Tx.all, claim_locks.Tx.driver_sql
+    names = {
+        id(claim_locks.LOCK_CANDIDATES): "lock",
+        id(claim_query.head_probe_prepared(claim_query.NO_FILTER)): "head",
+        id(claim_query.claim_next_prepared(claim_query.NO_FILTER)): "list",
+    }
 
-    def counting(tx: Any, statement: Any, parameters: Any = None) -> Any:
-        if statement is claim_locks.LOCK_CANDIDATES:
-            statements.append("lock")
-        return real(tx, statement, parameters)
+    def all_(tx: Any, statement: Any, parameters: Any = None) -> Any:
+        if id(statement) in names:
+            seen.append(names[id(statement)])
+        return real_all(tx, statement, parameters)
 
-    driver_sql = claim_locks.Tx.driver_sql
-    monkeypatch.setattr(claim_locks.Tx, "all", counting)
-    monkeypatch.setattr(
-        claim_locks.Tx, "driver_sql", lambda tx, sql: (statements.append(sql), driver_sql(tx, sql))[1]
-    )
-    with held(pg_engine, pg_schema, made[:5]):
+    def driver_sql(tx: Any, sql: str) -> None:
+        seen.append(sql.split()[0])
+        real_sql(tx, sql)
+
+    monkeypatch.setattr(claim_locks.Tx, "all", all_)
+    monkeypatch.setattr(claim_locks.Tx, "driver_sql", driver_sql)
+
+    def claim() -> list[str]:
+        seen.clear()
         claimed = store.claim_next(owner_id="w", lease_ms=LEASE)
-    assert claimed is not None and claimed.id == made[5]
-    assert statements == [claim_locks.SAVEPOINT, "lock"]
+        assert claimed is not None
+        return [claimed.id, *seen]
+
+    with held(pg_engine, pg_schema, made[:5]):
+        assert claim() == [made[5], "head", "SAVEPOINT", "lock", "list", "lock"]
+        assert claim() == [made[6], "list", "SAVEPOINT", "lock"]
+    quiet = [claim() for _ in range(claim_locks.ClaimContention.QUIET_CLAIMS)]
+    assert quiet == [[made[index], "list", "SAVEPOINT", "lock"] for index in (0, 1, 2, 3, 4, 7, 8, 9)]
+    assert claim() == [made[10], "head", "SAVEPOINT", "lock"]

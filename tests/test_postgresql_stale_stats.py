@@ -15,16 +15,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from psycopg import Connection as DriverConnection
 from psycopg import sql
 from sqlalchemy import Engine, event
 from test_postgresql_claims import enqueue
 from test_postgresql_races import AUTHORITY, T0
 
-from scheduler import open_store
+from scheduler import SchedulerStore, open_store
 from scheduler.bench.pg_depth import fill_queue, plan_nodes
 from scheduler.store import claim_query
 from scheduler.store.leases import CONTENDED_EXTRA
+from scheduler.store.records import Occurrence
 
 DEPTH = 3000
 DEEP = 200_000
@@ -34,12 +36,12 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 @contextmanager
-def captured_claim(engine: Engine) -> Iterator[list[tuple[Any, str, dict[str, Any]]]]:
-    """(driver connection, SQL, parameters) of each claim candidate statement run meanwhile."""
+def captured_claim(engine: Engine, marker: str) -> Iterator[list[tuple[Any, str, dict[str, Any]]]]:
+    """(driver connection, SQL, parameters) of each claim statement naming ``marker`` run meanwhile."""
     captured: list[tuple[Any, str, dict[str, Any]]] = []
 
     def grab(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if "due_queued" in statement:
+        if marker in statement:
             captured.append((cursor.connection, statement, dict(parameters)))
 
     event.listen(engine, "before_cursor_execute", grab)
@@ -89,12 +91,29 @@ def assert_reads_within_window(plans: list[dict[str, Any]]) -> None:
         assert reads and max(reads.values()) <= WINDOW_ROWS, reads
 
 
-def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(pg_engine: Engine, pg_schema: str) -> None:
+CLAIMS = [
+    pytest.param("due_queued", id="candidate-list"),  # claim_batch; claim_next among workers
+    pytest.param("head_queued", id="head-probe"),  # claim_next while its heads were free
+]
+
+
+def claim(store: SchedulerStore, marker: str) -> Occurrence | None:
+    """One claim through the statement named by ``marker``."""
+    if marker == "head_queued":
+        return store.claim_next(owner_id="w", lease_ms=60_000)
+    claimed = store.claim_batch(owner_id="w", lease_ms=60_000, limit=1)
+    return claimed[0] if claimed else None
+
+
+@pytest.mark.parametrize("marker", CLAIMS)
+def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(
+    pg_engine: Engine, pg_schema: str, marker: str
+) -> None:
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
         ids = enqueue(store, DEPTH)
-        with captured_claim(pg_engine) as captured:
-            claimed = store.claim_next(owner_id="w", lease_ms=60_000)
+        with captured_claim(pg_engine, marker) as captured:
+            claimed = claim(store, marker)
         assert claimed is not None and claimed.id == ids[0]
         (driver, statement, params), *_ = captured
         assert_reads_within_window(executed_plans(driver, statement, params))
@@ -102,8 +121,9 @@ def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(pg_engine: Engine, 
         store.close()
 
 
+@pytest.mark.parametrize("marker", CLAIMS)
 def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queue(
-    pg_engine: Engine, pg_schema: str
+    pg_engine: Engine, pg_schema: str, marker: str
 ) -> None:
     """psycopg prepares the claim statement; PostgreSQL's plan cache keeps replanning it (custom
     plans, ~1 ms of server CPU a claim) unless its generic plan costs about what a custom one
@@ -116,8 +136,8 @@ def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queu
         store.create_job(id="job-1", kind="agenda", authority=AUTHORITY)
         with pg_engine.begin() as connection:
             fill_queue(connection, pg_schema, "job-1", DEEP, due_at=T0, prefix="deep")  # and ANALYZE
-        with captured_claim(pg_engine) as captured:
-            claimed = store.claim_next(owner_id="w", lease_ms=60_000)
+        with captured_claim(pg_engine, marker) as captured:
+            claimed = claim(store, marker)
         assert claimed is not None
         (driver, statement, params), *_ = captured
         plans = executed_plans(driver, statement, params)

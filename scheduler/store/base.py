@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from sqlalchemy import Connection
 
+from scheduler.store.claim_locks import ClaimContention
 from scheduler.store.session import SERVER_CLOCK, Runner
 from scheduler.store.tx import Clock, Tx
 
@@ -25,6 +26,7 @@ class StoreBase:
     _clock: Clock
     _uuid_factory: Callable[[], str]
     _on_close: Callable[[], None] | None
+    _claims: ClaimContention
 
     def _init_base(
         self,
@@ -37,6 +39,7 @@ class StoreBase:
         self._clock = clock
         self._uuid_factory = uuid_factory
         self._on_close = on_close
+        self._claims = ClaimContention()
 
     def _assert_open(self) -> None:
         """Raise ``SCHEDULER_STORE_CLOSED`` / ``SCHEDULER_TRANSACTION_ACTIVE`` as a call would."""

@@ -158,6 +158,33 @@ def _kept(row: StoredRow, fresh: dict[str, StoredRow], keep: Callable[[StoredRow
     return now_row is not None and keep(row, now_row)
 
 
+class ClaimContention:
+    """What one store's recent single claims met, to choose how a claim reads its candidates.
+
+    While the first candidate of each claim was free, a single claim reads only the heads of the
+    queue (``claim_query.head_probe_prepared``, what the SQLite store reads: ~40% of the full
+    read's server time) and locks the head. Once a head was held by another worker, claims read
+    the full candidate list at once (the head alone would be a wasted statement among workers
+    taking the same head), until :data:`QUIET_CLAIMS` claims in a row took their first candidate.
+    The choice changes only which statements find the candidate, never which one is claimed.
+    """
+
+    __slots__ = ("quiet",)
+
+    QUIET_CLAIMS: Final = 8
+
+    def __init__(self) -> None:
+        self.quiet = self.QUIET_CLAIMS
+
+    @property
+    def probe_first(self) -> bool:
+        return self.quiet >= self.QUIET_CLAIMS
+
+    def took_first(self, first: bool) -> None:
+        """Record whether a claim locked its first candidate."""
+        self.quiet = self.quiet + 1 if first else 0
+
+
 def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tuple[list[StoredRow], int]:
     """The first ``count`` candidates (given in the seed's order) this transaction could lock, as
     they are now, and how many of ``candidates`` were looked at; those after stay candidates.

@@ -218,7 +218,7 @@ def read_plan(tx: Tx, claim_filter: ClaimFilter, limit: int, done: set[str] | No
     or passed over; the plan leaves them out and tracks arms that may hold unread rows.
     """
     if limit == 1 and done is None:
-        probed = _probed_plan(tx, claim_filter)
+        probed = probed_plan(tx, claim_filter)
         if probed is not None:
             return probed
     rows = tx.all(claim_next_prepared(claim_filter), claim_next_params(tx.now, limit, claim_filter))
@@ -228,7 +228,7 @@ def read_plan(tx: Tx, claim_filter: ClaimFilter, limit: int, done: set[str] | No
     return plan
 
 
-def _probed_plan(tx: Tx, claim_filter: ClaimFilter) -> ClaimPlan | None:
+def probed_plan(tx: Tx, claim_filter: ClaimFilter) -> ClaimPlan | None:
     """The plan of one claim decided by the due index heads alone, or ``None`` (read it all).
 
     With no expired lease the claim could act on (nothing to sweep or reclaim), the seed's

@@ -66,12 +66,15 @@ StoredRow: TypeAlias = Any
 class Prepared:
     """A module-level Core statement that may run through the compile-once fast path."""
 
-    __slots__ = ("dml", "statement")
+    __slots__ = ("dml", "locks", "statement")
 
     def __init__(self, statement: Executable) -> None:
         self.statement = statement
         # INSERT/UPDATE/DELETE compile per set of parameter names (like SQLAlchemy's cache key).
         self.dml = isinstance(statement, UpdateBase)
+        self.locks = self.dml or getattr(statement, "_for_update_arg", None) is not None
+        """Running it changes what a rollback to an earlier savepoint would undo (a write or a
+        row lock); a plain read does not."""
 
 
 def _row_type(names: Sequence[str]) -> Any:

@@ -20,8 +20,8 @@ from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
-from scheduler.store.claim_locks import lock_candidates, lock_target, locked_sweep
-from scheduler.store.claim_plan import ClaimPlan, claimable, keeps_attempt, read_plan
+from scheduler.store.claim_locks import ClaimContention, lock_candidates, lock_target, locked_sweep
+from scheduler.store.claim_plan import ClaimPlan, claimable, keeps_attempt, probed_plan, read_plan
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     PAUSE_REQUESTED,
@@ -313,15 +313,23 @@ whose first candidates other workers hold finds the next ones without reading ag
 
 
 def claim_in(
-    tx: Tx, owner: str, lease_ms: int, claim_filter: ClaimFilter, limit: int, events: EventLog | None = None
+    tx: Tx,
+    owner: str,
+    lease_ms: int,
+    claim_filter: ClaimFilter,
+    limit: int,
+    events: EventLog | None = None,
+    contention: ClaimContention | None = None,
 ) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep.
 
-    With ``events`` given, the events are appended there for the caller to write.
+    With ``events`` given, the events are appended there for the caller to write. ``contention``
+    (the store's): how a single claim among concurrent writers reads its candidates.
     """
     claims = Claims(tx, owner, lease_ms, events)
     if tx.concurrent:
-        _claim_locked(tx, claims, claim_filter, limit)
+        if limit != 1 or contention is None or not _claim_head(tx, claims, claim_filter, contention):
+            _claim_locked(tx, claims, claim_filter, limit, contention)
         return claims.write()
     plan = read_plan(tx, claim_filter, limit)
     for _ in range(limit):
@@ -333,7 +341,28 @@ def claim_in(
     return claims.write()
 
 
-def _claim_locked(tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int) -> None:
+def _claim_head(tx: Tx, claims: Claims, claim_filter: ClaimFilter, contention: ClaimContention) -> bool:
+    """A single claim decided by the heads of the queue alone (see ``ClaimContention``): True
+    when it is decided (the head claimed, or nothing due), False to read the full candidate list
+    (expired leases to act on, a head not claimable, or a head another worker holds)."""
+    if not contention.probe_first:
+        return False
+    plan = probed_plan(tx, claim_filter)
+    if plan is None:
+        return False
+    head = plan.next_candidate()
+    if head is None:
+        return True  # nothing is due
+    locked, _seen = lock_candidates(tx, [head], 1)
+    contention.took_first(bool(locked))
+    if locked:
+        claims.claim(locked[0], targeted=False)
+    return bool(locked)
+
+
+def _claim_locked(
+    tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int, contention: ClaimContention | None = None
+) -> None:
     """``claim_in`` among concurrent writers: candidates locked SKIP LOCKED, then read again.
 
     The seed's order is followed; a candidate another transaction holds (or claimed meanwhile)
@@ -350,7 +379,9 @@ def _claim_locked(tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int)
     while claimed < limit:
         sweep_expired(tx, locked_sweep(tx, plan.next_sweep()), claims.events)
         wanted = 1 if plan.sweep_pending else limit - claimed
-        rows, plan = _next_locked(tx, plan, claim_filter, wanted, limit - claimed, done)
+        rows, plan, first = _next_locked(tx, plan, claim_filter, wanted, limit - claimed, done)
+        if contention is not None and claimed == 0 and rows:
+            contention.took_first(first)
         if not rows:
             break
         for row in rows:
@@ -360,9 +391,11 @@ def _claim_locked(tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int)
 
 def _next_locked(
     tx: Tx, plan: ClaimPlan, claim_filter: ClaimFilter, wanted: int, remaining: int, done: set[str]
-) -> tuple[list[StoredRow], ClaimPlan]:
-    """Up to ``wanted`` next candidates this transaction locked (fresh rows), and the plan they
-    came from (a new one after a read again)."""
+) -> tuple[list[StoredRow], ClaimPlan, bool]:
+    """Up to ``wanted`` next candidates this transaction locked (fresh rows), the plan they came
+    from (a new one after a read again), and whether they were the first ``wanted`` candidates
+    offered (none passed over)."""
+    first = True
     while True:
         candidates: list[StoredRow] = []
         while len(candidates) < wanted + CONTENDED_EXTRA and (candidate := plan.next_candidate()) is not None:
@@ -371,15 +404,20 @@ def _next_locked(
             locked, seen = lock_candidates(tx, candidates, wanted)
             plan.put_back(candidates[seen:])
             if locked:
-                return locked, plan
+                return locked, plan, first and seen == len(locked)
+            first = False
         elif plan.dry:
             plan = read_plan(tx, claim_filter, len(done) + remaining + CONTENDED_EXTRA, done)
         else:
-            return [], plan
+            return [], plan, first
 
 
 def settle_and_claim_in(
-    tx: Tx, request: SettleRequest, lease_ms: int, claim_filter: ClaimFilter
+    tx: Tx,
+    request: SettleRequest,
+    lease_ms: int,
+    claim_filter: ClaimFilter,
+    contention: ClaimContention | None = None,
 ) -> SettledAndClaimed:
     """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
     events = EventLog(tx)  # both halves' events, in order, written with one INSERT
@@ -390,7 +428,7 @@ def settle_and_claim_in(
         lease_expiry(tx.now, lease_ms)
 
     settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease)
-    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events)
+    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events, contention)
     events.flush(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
 
@@ -464,7 +502,7 @@ class LeaseOperations(StoreBase):
         owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
         claim_filter = normalize_claim_filter(job_kind, workspace_id)
-        claimed = self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, 1))
+        claimed = self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, 1, None, self._claims))
         if not claimed:
             self._idle()
             return None
@@ -573,7 +611,7 @@ class LeaseOperations(StoreBase):
         )
         lease = normalize_lease_ms(lease_ms)
         claim_filter = normalize_claim_filter(job_kind, workspace_id)
-        cycle = self._write(lambda tx: settle_and_claim_in(tx, request, lease, claim_filter))
+        cycle = self._write(lambda tx: settle_and_claim_in(tx, request, lease, claim_filter, self._claims))
         if cycle.claimed is None:
             self._idle()
         return cycle

@@ -81,9 +81,9 @@ class Tx:
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
         self.claim_savepoint_kept = False
-        """The claim-lock savepoint was just rolled back to and no statement ran since, so the
-        next lock round may start from it (:mod:`scheduler.store.claim_locks`); any statement
-        clears it."""
+        """The claim-lock savepoint was just rolled back to (or locked nothing) and no statement
+        that writes or locks ran since, so the next lock round may start from it
+        (:mod:`scheduler.store.claim_locks`); such a statement clears it."""
 
     @property
     def now(self) -> int:
@@ -106,7 +106,8 @@ class Tx:
             self._key_locks(self.conn, scope, sorted(set(keys)))
 
     def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
-        self.claim_savepoint_kept = False
+        if statement.locks:
+            self.claim_savepoint_kept = False
         fast = self._fast
         return None if fast is None else fast.run(self.conn, statement, parameters)
 
@@ -119,9 +120,12 @@ class Tx:
             self.conn.exec_driver_sql(sql)
 
     def execute(self, statement: Executable | Prepared, parameters: Any = None) -> CursorResult[Any]:
-        self.claim_savepoint_kept = False
         if isinstance(statement, Prepared):
+            if statement.locks:
+                self.claim_savepoint_kept = False
             statement = statement.statement
+        else:
+            self.claim_savepoint_kept = False
         return self.conn.execute(statement, parameters, execution_options=self.options)
 
     def all(self, statement: Executable | Prepared, parameters: Any = None) -> Sequence[Any]:
