@@ -468,7 +468,8 @@ def test_usage_errors_exit_2(db: CliDb) -> None:
     assert invoke(*db.opts, "jobs", "list", "--bogus").exit_code == 2
     assert invoke("jobs", "list", "--db", "mysql://localhost/x").exit_code == 2
     assert invoke("jobs", "list", "--db", "postgresql+asyncpg://localhost/x").exit_code == 2
-    assert invoke("--schema", "kernel", "jobs", "list", *db.opts).exit_code == 2
+    for command in (("jobs", "list"), ("info",), ("verify",)):
+        assert invoke("--schema", "kernel", *command, *db.opts).exit_code == 2, command
     assert invoke("info", "--db", ":memory:").exit_code == 2
 
 

@@ -42,6 +42,8 @@ def test_init_creates_v6_in_the_schema_and_reports_the_pg_fingerprint(url: str, 
     assert dry["database"].endswith(f"(schema {pg_schema})")
     created = run_json(*at(url, pg_schema, "init"))
     assert (created["fromVersion"], created["toVersion"]) == (0, 6)
+    current = invoke(*at(url, pg_schema, "upgrade", "--sql"))
+    assert current.exit_code == 0 and f"(schema {pg_schema}) is already at v6" in current.stdout
     assert [step["version"] for step in created["steps"]] == [1, 2, 3, 4, 5, 6]
     assert created["fingerprint"] == SCHEMA_V6_PG_FINGERPRINT
     again = run_json(*at(url, pg_schema, "upgrade"))
@@ -127,3 +129,8 @@ def test_demo_runs_in_the_schema_and_never_prints_a_password(
     assert run_json(*at(url, pg_schema, "jobs", "list"))["count"] == 1
     text_output = invoke(*at(with_password, pg_schema, "demo")).stdout
     assert "not-printed" not in text_output
+    # The closing hint names the same database and schema (the password hidden).
+    hint = text_output.strip().splitlines()[-1]
+    job = hint.rsplit(" ", 1)[-1]
+    assert hint.startswith("see also: scheduler --db ") and f"--schema {pg_schema} history --job " in hint
+    assert run_json(*at(url, pg_schema, "history", "--job", job))["count"] > 0

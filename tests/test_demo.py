@@ -125,3 +125,6 @@ def test_demo_command_in_process_with_db_option(tmp_path: Path, monkeypatch: pyt
     assert json.loads(result.stdout)["complete"] is True
     listed = CliRunner().invoke(app, ["dead-letters", "--db", str(path), "--json"])
     assert json.loads(listed.stdout)["count"] == 1
+    shown = CliRunner().invoke(app, ["--db", str(path), "demo"], env={"COLUMNS": "60"})
+    hint = shown.stdout.strip().splitlines()[-1]  # one line even on a narrow terminal, to copy
+    assert hint.startswith(f"see also: scheduler --db {path} history --job demo-"), hint

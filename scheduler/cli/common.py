@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import shlex
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -188,7 +189,7 @@ def resolve_schema(schema: str | None = None) -> str | None:
     return schema if schema is not None else _ROOT_SCHEMA.get()
 
 
-def _sqlite_schema(schema: str | None) -> None:
+def sqlite_schema(schema: str | None) -> None:
     """Online commands on a SQLite file address its ``main`` database only."""
     if schema not in (None, "main"):
         raise _usage("--schema names a PostgreSQL schema (on SQLite it applies only to --sql scripts)")
@@ -223,6 +224,19 @@ def describe_target(target: str) -> str:
     if pg_target.is_postgresql(target):
         return pg_target.label(make_url(target), resolve_schema() or "scheduler")
     return target
+
+
+def cli_invocation(target: str) -> str:
+    """``scheduler --db … [--schema …]`` naming the database ``target`` (and the chosen schema), for
+    hints to copy; a PostgreSQL URL's password is shown as ``***``."""
+    shown = target
+    if pg_target.is_postgresql(target):
+        shown = make_url(target).render_as_string(hide_password=True)
+    words = ["scheduler", "--db", shlex.quote(shown)]
+    schema = resolve_schema()
+    if schema is not None:
+        words += ["--schema", shlex.quote(schema)]
+    return " ".join(words)
 
 
 def require_database(db: str | None) -> None:
@@ -403,7 +417,7 @@ def read_store(db: str | None) -> Iterator[SchedulerStore]:
             finally:
                 store.close()
         return
-    _sqlite_schema(schema)
+    sqlite_schema(schema)
     with readonly_connection(target) as (path, connection):
         require_current_schema(connection, path)
         store = SchedulerStore.on_connection(connection)
@@ -418,7 +432,7 @@ def write_store(db: str | None) -> Iterator[SchedulerStore]:
     """A store for write commands (``open_store``: creates or upgrades to the current schema)."""
     target, schema = resolve_target(db), resolve_schema()
     if not pg_target.is_postgresql(target):
-        _sqlite_schema(schema)
+        sqlite_schema(schema)
         schema = None
     with open_store(target, schema=schema) as store:
         yield store

@@ -8,6 +8,7 @@ from rich.table import Table
 from scheduler.cli.common import (
     DbOption,
     JsonOption,
+    cli_invocation,
     command,
     compact,
     console,
@@ -81,6 +82,8 @@ def demo_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     )
     out.print(history_table(report))
     out.print(outcome_table(report))
-    out.print(f"see also: scheduler history --job {report.job.id}", markup=False)
+    out.print(
+        f"see also: {cli_invocation(target)} history --job {report.job.id}", markup=False, soft_wrap=True
+    )
     if not report.complete:
         typer.echo("warning: some occurrences did not reach a terminal status", err=True)

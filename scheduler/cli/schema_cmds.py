@@ -28,6 +28,7 @@ from scheduler.cli.common import (
     readonly_connection,
     resolve_schema,
     resolve_target,
+    sqlite_schema,
     stored_journal_mode,
 )
 from scheduler.cli.verification import Verification, verify_database, verify_postgresql
@@ -94,9 +95,9 @@ def _options(target: SchemaTarget) -> dict[str, Any]:
     return {} if mapping is None else {"schema_translate_map": mapping}
 
 
-def _inspect_for_script(db_target: str, must_exist: bool, shared: bool, schema: str | None) -> tuple[
-    SchemaTarget, str, int, bool
-]:
+def _inspect_for_script(
+    db_target: str, must_exist: bool, shared: bool, schema: str | None
+) -> tuple[SchemaTarget, str, int, bool]:
     """(layout, database label, version the script starts from, backfill has work); read-only."""
     if "://" in db_target and make_url(db_target).get_backend_name() == "postgresql":
         url = make_url(db_target)
@@ -111,7 +112,12 @@ def _inspect_for_script(db_target: str, must_exist: bool, shared: bool, schema: 
                 connection.rollback()
         finally:
             engine.dispose()
-        return offline.offline_target("postgresql", target.schema), url.render_as_string(), version, work
+        return (
+            offline.offline_target("postgresql", target.schema),
+            pg_target.label(url, target.schema),
+            version,
+            work,
+        )
     path = existing_file(db_target) if must_exist else database_file(db_target)
     target = offline.offline_target("sqlite", schema, exclusive=not shared)
     if not path.exists():
@@ -299,6 +305,7 @@ def verify_command(db: DbOption = None, as_json: JsonOption = False) -> None:
         with pg_target.readonly_connection(target, resolve_schema()) as (path, connection, where):
             verification = verify_postgresql(connection, where)
     else:
+        sqlite_schema(resolve_schema())
         with readonly_connection(target) as (path, connection):
             verification = verify_database(connection)
     if as_json:
@@ -437,6 +444,7 @@ def info_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     if pg_target.is_postgresql(target):
         info = _info_postgresql(target, resolve_schema())
     else:
+        sqlite_schema(resolve_schema())
         info = _info(existing_file(target))
     if as_json:
         emit_json(info)
