@@ -503,3 +503,21 @@ def test_api_reference_is_generated_from_the_current_code() -> None:
         [sys.executable, str(tool), "--check"], capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stderr
+
+
+def test_a_shared_file_is_named_as_one_and_left_unchanged(tmp_path: Path) -> None:
+    """The CLI reads dedicated scheduler files; a file shared with an application (the scheduler's
+    tables beside its own, ``open_store(path, exclusive=False)``) is refused with a message
+    saying so, not as "not a scheduler database", and nothing in it changes."""
+    from scheduler import open_store
+
+    path = tmp_path / "shop.sqlite"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+    with open_store(path, exclusive=False):
+        pass
+    before = sha256(path)
+    result = invoke("--db", str(path), "jobs", "list")
+    assert result.exit_code == 1
+    assert "a shared file" in result.output and "exclusive=False" in result.output
+    assert sha256(path) == before

@@ -33,6 +33,7 @@ from scheduler.cli import pg_target
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.catalog import list_user_tables, read_pragma_int
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
+from scheduler.schema.upgrade import inspect_database
 from scheduler.store import SchedulerStore, default_database_path, open_store
 from scheduler.store.failures import find_contention_code, find_storage_failure_code, storage_unavailable
 from scheduler.store.records import Record
@@ -390,6 +391,13 @@ def require_current_schema(connection: Connection, path: Path) -> None:
     if application_id == 0 and not list_user_tables(connection):
         raise CliFailure(f"{path} is empty (run `scheduler init`)", code="SCHEDULER_SCHEMA_UNKNOWN")
     if application_id != SCHEDULER_APPLICATION_ID:
+        if "migrations" in list_user_tables(connection) and _shared_file_version(connection) > 0:
+            raise CliFailure(
+                f"{path} holds the scheduler's tables beside another application's (a shared file, "
+                "docs/embedding.md): the CLI reads dedicated scheduler files and PostgreSQL schemas; "
+                "open a shared file from Python with open_store(path, exclusive=False)",
+                code="SCHEDULER_SCHEMA_UNKNOWN",
+            )
         raise CliFailure(
             f"{path} is not a scheduler database (run `scheduler verify`)", code="SCHEDULER_SCHEMA_UNKNOWN"
         )
@@ -399,6 +407,14 @@ def require_current_schema(connection: Connection, path: Path) -> None:
             "(run `scheduler upgrade`)",
             code="SCHEDULER_SCHEMA_UNKNOWN",
         )
+
+
+def _shared_file_version(connection: Connection) -> int:
+    """The scheduler's schema version in a file shared with an application (0: none there)."""
+    try:
+        return inspect_database(connection, exclusive=False)
+    except SchedulerKernelError:
+        return 0
 
 
 @contextmanager
