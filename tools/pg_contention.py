@@ -1,0 +1,142 @@
+"""Statements per ``settle_and_claim`` cycle when N worker processes drain one PostgreSQL queue.
+
+    PYTHONPATH=. python tools/pg_contention.py --url postgresql+psycopg://root@127.0.0.1:5432/test --workers 4
+
+Enqueues ``--occurrences`` due rows in a schema of its own (dropped at the end), starts
+``--workers`` spawned processes (one store and connection each) that drain the queue with
+``settle_and_claim``, and prints cycles/s, client and server CPU per cycle (the server must be
+local) and, per cycle, the fast path's statements: all of them, the claim lock statements, and
+the ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements. The figures of the claim-lock changes in
+docs/benchmarks.md came from it. (It wraps the fast path's calls, adding ~2 µs to each.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import time
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
+from scheduler import open_store
+from scheduler.bench.pg_server import backend_cpu_s, backend_pids, quoted
+from scheduler.bench.pg_workers import worker_engine
+
+AUTHORITY = {"principal": {"type": "service", "id": "pg-contention"}}
+LEASE_MS = 60_000
+
+
+def counted_fast_path(counts: Counter[str]) -> None:
+    """Count every fast-path statement of this process by kind."""
+    from scheduler.store import claim_locks, fastpath
+
+    run, driver_sql = fastpath.FastPath.run, fastpath.FastPath.run_driver_sql
+
+    def counting_run(self: Any, conn: Any, prepared: Any, parameters: Any) -> Any:
+        counts["statements"] += 1
+        if prepared is claim_locks.LOCK_CANDIDATES:
+            counts["lock"] += 1
+        return run(self, conn, prepared, parameters)
+
+    def counting_driver_sql(self: Any, conn: Any, sql: str) -> None:
+        counts["statements"] += 1
+        counts["rollback" if sql.startswith("ROLLBACK") else "savepoint"] += 1
+        driver_sql(self, conn, sql)
+
+    fastpath.FastPath.run = counting_run  # type: ignore[method-assign]
+    fastpath.FastPath.run_driver_sql = counting_driver_sql  # type: ignore[method-assign]
+
+
+def worker(url: str, schema: str, index: int, go: Any, results: Any, done: Any) -> None:
+    counts: Counter[str] = Counter()
+    counted_fast_path(counts)
+    engine = worker_engine(url, f"pg_contention_{index}")
+    store = open_store(engine, schema=schema)
+    owner = f"w{index}"
+    go.wait()
+    started, cycles = time.process_time(), 0
+    held = store.claim_next(owner_id=owner, lease_ms=LEASE_MS)
+    while held is not None:
+        cycle = store.settle_and_claim(
+            occurrence_id=held.id, owner_id=owner, fence=held.fence, outcome="succeeded", lease_ms=LEASE_MS
+        )
+        held, cycles = cycle.claimed, cycles + 1
+    results.put((cycles, time.process_time() - started, dict(counts)))
+    done.wait()  # connected until the parent has read the server's CPU time
+    store.close()
+    engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--occurrences", type=int, default=4000)
+    options = parser.parse_args()
+    schema = "scheduler_contention"
+    admin = create_engine(options.url, poolclass=NullPool)
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted(admin, schema)} CASCADE")
+    try:
+        with open_store(admin, schema=schema) as store:
+            store.create_job(id="job", kind="bench", authority=AUTHORITY)
+            base = int(time.time() * 1000) - 1_000_000_000
+            for start in range(0, options.occurrences, 500):
+                end = min(options.occurrences, start + 500)
+                store.enqueue_many(
+                    [
+                        {"job_id": "job", "scheduled_for": base + i, "trigger_key": f"t{i}"}
+                        for i in range(start, end)
+                    ]
+                )
+        context = multiprocessing.get_context("spawn")
+        go, done, results = context.Event(), context.Event(), context.Queue()
+        processes = [
+            context.Process(target=worker, args=(options.url, schema, index, go, results, done))
+            for index in range(options.workers)
+        ]
+        for process in processes:
+            process.start()
+        pids: list[int] = []
+        while len(pids) < options.workers:
+            time.sleep(0.2)
+            pids = [
+                pid
+                for index in range(options.workers)
+                for pid in backend_pids(admin, f"pg_contention_{index}")
+            ]
+        server_before, started = backend_cpu_s(pids), time.perf_counter()
+        go.set()
+        reports = [results.get() for _ in processes]
+        seconds, server_after = time.perf_counter() - started, backend_cpu_s(pids)
+        done.set()
+        for process in processes:
+            process.join(60)
+        cycles = sum(report[0] for report in reports)
+        counts: Counter[str] = Counter()
+        for report in reports:
+            counts.update(report[2])
+        server = (
+            "n/a"
+            if server_before is None or server_after is None
+            else f"{(server_after - server_before) / cycles * 1e6:.0f}"
+        )
+        print(
+            f"{options.workers} workers: {cycles / seconds:.0f} cycles/s; per cycle: client CPU "
+            f"{sum(report[1] for report in reports) / cycles * 1e6:.0f} µs, server CPU {server} µs, "
+            + ", ".join(
+                f"{name} {counts[name] / cycles:.2f}"
+                for name in ("statements", "lock", "savepoint", "rollback")
+            )
+        )
+    finally:
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted(admin, schema)} CASCADE")
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
