@@ -399,16 +399,17 @@ class FastPath:
         """
         dbapi: Any = conn.connection.dbapi_connection
         cursor = self._cursor or dbapi.cursor()
-        threshold = getattr(dbapi, "prepare_threshold", None)  # (sync) psycopg's connection only
+        driver: Any = conn.connection.driver_connection  # psycopg's own (async) Connection
+        threshold = getattr(driver, "prepare_threshold", None)
         try:
             if threshold is not None:
-                dbapi.prepare_threshold = None
+                driver.prepare_threshold = None
             cursor.execute(sql)
         except BaseException as error:
             self._failed(conn, error, sql, (), cursor)
         finally:
             if threshold is not None:
-                dbapi.prepare_threshold = threshold
+                driver.prepare_threshold = threshold
 
     def commit(self, conn: Connection) -> None:
         """COMMIT the driver's transaction (errors wrapped as ``Connection.commit`` wraps them)."""
