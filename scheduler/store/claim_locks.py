@@ -194,6 +194,10 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     no longer claimable at the same place in the seed's order (e.g. its lease was renewed).
     """
     now = tx.now
+
+    def keep(read: StoredRow, fresh: StoredRow) -> bool:
+        return claimable(fresh, now) and sort_key(fresh) == sort_key(read)
+
     if not tx.claim_savepoint_kept:
         tx.driver_sql(SAVEPOINT)
     position = {row.occurrence_id: index for index, row in enumerate(candidates)}
@@ -214,7 +218,7 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
         unchanged = [row.occurrence_id for row in locked if _as_read(row, read[row.occurrence_id])]
         if len(unchanged) == len(locked):
             fresh = {row.occurrence_id: row for row in tx.all(LOCKED_ROWS, {"p_ids": sorted(unchanged)})}
-            kept = [fresh[key] for key in unchanged if _still_claimable(read[key], fresh, now)]
+            kept = [fresh[key] for key in unchanged if _kept(read[key], fresh, keep)]
             if len(kept) == len(locked):
                 return sorted(kept, key=lambda row: position[row.occurrence_id]), seen
             unchanged = [row.occurrence_id for row in kept]
@@ -230,11 +234,6 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
 
 def _as_read(locked: StoredRow, read: StoredRow) -> bool:
     return bool(locked.fence == read.fence and locked.status == read.status)
-
-
-def _still_claimable(read: StoredRow, fresh: dict[str, StoredRow], now: int) -> bool:
-    now_row = fresh.get(read.occurrence_id)
-    return now_row is not None and claimable(now_row, now) and sort_key(now_row) == sort_key(read)
 
 
 def locked_sweep(tx: Tx, batch: Sequence[StoredRow]) -> list[StoredRow]:
