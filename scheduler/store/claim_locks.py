@@ -48,7 +48,7 @@ from scheduler.schema import tables as t
 from scheduler.store.claim_plan import claimable, sort_key, sweepable
 from scheduler.store.claim_query import LOCKED_ROWS
 from scheduler.store.fastpath import Prepared, StoredRow
-from scheduler.store.tx import Tx
+from scheduler.store.tx import RestartTransaction, Tx
 
 _o = t.occurrences
 _seen = t.occurrences.alias("as_read")
@@ -94,7 +94,8 @@ LOCK_CANDIDATES: Final = Prepared(
         _o.c.occurrence_id,
     )
     .limit(bindparam("p_limit", type_=Integer(), literal_execute=True))
-    .with_for_update(skip_locked=True, of=_o)
+    .with_for_update(skip_locked=True, of=_o),
+    passes_kept_writes=True,
 )
 """The first ``p_limit`` of the candidates ``p_ids`` in the seed's order (``claim_plan.sort_key``)
 that no other transaction holds and that had, when the statement began, the fence and status
@@ -198,7 +199,8 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     def keep(read: StoredRow, fresh: StoredRow) -> bool:
         return claimable(fresh, now) and sort_key(fresh) == sort_key(read)
 
-    if not tx.claim_savepoint_kept:
+    savepoint = not tx.restartable
+    if savepoint and not tx.claim_savepoint_kept:
         tx.driver_sql(SAVEPOINT)
     position = {row.occurrence_id: index for index, row in enumerate(candidates)}
     remaining = list(candidates)
@@ -223,12 +225,15 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
                 return sorted(kept, key=lambda row: position[row.occurrence_id]), seen
             unchanged = [row.occurrence_id for row in kept]
         # A row changed while the statement ran, or is no longer to be claimed: release
-        # everything this attempt locked and try again without the rows that changed.
+        # everything this attempt locked and try again without the rows that changed (a
+        # restartable transaction has no savepoint: the whole call runs again, with one).
+        if not savepoint:
+            raise RestartTransaction
         tx.driver_sql(ROLLBACK_TO_SAVEPOINT)
         changed = {row.occurrence_id for row in locked} - set(unchanged)
         remaining = [row for row in remaining if row.occurrence_id not in changed]
     # Nothing stays locked, and the savepoint is still established: the next attempt reuses it.
-    tx.claim_savepoint_kept = True
+    tx.claim_savepoint_kept = savepoint
     return [], len(candidates)
 
 

@@ -306,8 +306,14 @@ _SHAPES: Final = [
     (mode, workspace) for mode in (KIND_ANY, KIND_ONE, KIND_SEVERAL) for workspace in (False, True)
 ]
 _CLAIM_NEXT: Final = {shape: _build_claim_next(shape) for shape in _SHAPES}
-_CLAIM_NEXT_PREPARED: Final = {shape: Prepared(statement) for shape, statement in _CLAIM_NEXT.items()}
-_HEAD_PROBE_PREPARED: Final = {shape: Prepared(_build_head_probe(shape)) for shape in _SHAPES}
+# The claim reads see only rows claimable or sweepable at ``now`` (and the rows they lock), so
+# they may run before the writes a call keeps for later (``Tx.write_later``).
+_CLAIM_NEXT_PREPARED: Final = {
+    shape: Prepared(statement, passes_kept_writes=True) for shape, statement in _CLAIM_NEXT.items()
+}
+_HEAD_PROBE_PREPARED: Final = {
+    shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in _SHAPES
+}
 CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
 )
@@ -315,7 +321,8 @@ CLAIM_OCCURRENCE_PREPARED: Final = Prepared(CLAIM_OCCURRENCE)
 LOCKED_ROWS: Final = Prepared(
     select(*_columns(ARM_EXPIRED, job_filter((KIND_ANY, False)), PENDING_ADJUDICATION))
     .select_from(_WITH_CONTROL)
-    .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
+    .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))),
+    passes_kept_writes=True,
 )
 """Occurrences as they are now, with what a claim or the sweep needs (``:p_ids``): read again
 after a concurrent-writer backend locked them (:mod:`scheduler.store.claim_locks`)."""

@@ -11,7 +11,9 @@ hold each backend's runtime pieces (begin statements, failure classification, cl
 * :class:`glob_match` — SQLite's ``GLOB`` with a constant pattern (a regular expression on
   PostgreSQL, translated by ``scheduler.schema.glob_to_regex``);
 * :func:`insert_ignoring_conflict` — ``INSERT … ON CONFLICT (cols) DO NOTHING`` (the same text on
-  both backends).
+  both backends);
+* :class:`server_clock_ms` — the server's clock in epoch ms (PostgreSQL only: SQLite's store
+  samples its clock in Python).
 
 Row locks need no construct: ``Select.with_for_update(skip_locked=…)`` renders ``FOR UPDATE …``
 on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers.
@@ -22,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Boolean, Connection, String, Table
+from sqlalchemy import BigInteger, Boolean, Connection, String, Table
+from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -43,6 +46,10 @@ class StoreDialect(Protocol):
     CONCURRENT_WRITERS: bool
     """Whether write transactions run at the same time (PostgreSQL), so a claim must lock each
     candidate it read before claiming it; ``False`` where writers are serialized (SQLite)."""
+
+    COMBINES_WRITES: bool
+    """Whether several writes can go as one statement (data-modifying ``WITH``: PostgreSQL), so
+    ``Tx.write_later`` keeps one-row writes for the next one (:mod:`scheduler.store.write_batch`)."""
 
     def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
         """Start a transaction the store owns (its first statements)."""
@@ -125,6 +132,26 @@ class greatest(FunctionElement[Any]):
     inherit_cache = True
 
 
+class server_clock_ms(FunctionElement[int]):
+    """The server's clock in epoch milliseconds, read when the statement computes the value
+    (PostgreSQL ``clock_timestamp()``; a statement that needs it after a row lock reads it in
+    the outer query over a ``MATERIALIZED`` locking CTE)."""
+
+    name = "server_clock_ms"
+    inherit_cache = True
+    type = BigInteger()
+
+
+@compiles(server_clock_ms)
+def _server_clock_as_named(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
+    return "server_clock_ms()"  # str(statement); each backend renders its own (or refuses)
+
+
+@compiles(server_clock_ms, "sqlite")
+def _no_server_clock(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
+    raise CompileError("the SQLite store has no server clock; it samples its clock in Python")
+
+
 class _IgnoreConflict(ClauseElement):
     """The ``ON CONFLICT (…) DO NOTHING`` clause of :func:`insert_ignoring_conflict`."""
 
@@ -168,4 +195,5 @@ __all__ = [
     "greatest",
     "insert_ignoring_conflict",
     "json_text_field",
+    "server_clock_ms",
 ]

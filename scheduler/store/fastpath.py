@@ -66,10 +66,13 @@ StoredRow: TypeAlias = Any
 class Prepared:
     """A module-level Core statement that may run through the compile-once fast path."""
 
-    __slots__ = ("dml", "locks", "statement")
+    __slots__ = ("dml", "locks", "passes_kept_writes", "statement")
 
-    def __init__(self, statement: Executable) -> None:
+    def __init__(self, statement: Executable, *, passes_kept_writes: bool = False) -> None:
         self.statement = statement
+        self.passes_kept_writes = passes_kept_writes
+        """A claim read that may run before writes ``Tx.write_later`` keeps (it reads only rows
+        claimable or sweepable at the call's ``now``, and rows it locks itself)."""
         # INSERT/UPDATE/DELETE compile per set of parameter names (like SQLAlchemy's cache key).
         self.dml = isinstance(statement, UpdateBase)
         self.locks = self.dml or getattr(statement, "_for_update_arg", None) is not None

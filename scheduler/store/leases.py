@@ -275,10 +275,12 @@ class Claims:
     def write(self) -> list[Occurrence]:
         """The claim UPDATEs (one executemany), control and requeue bookkeeping, then the events."""
         tx = self.tx
-        if self.updates and tx.changes(_CLAIM, self.updates) != len(self.updates):
-            raise SchedulerKernelError(
-                "SCHEDULER_CLAIM_CONFLICT", "Occurrence eligibility changed during claim"
-            )
+        if len(self.updates) == 1:
+            update = self.updates[0]
+            row = (_o.name, update["p_id"])
+            tx.write_later(_CLAIM, update, expected=1, conflict=_claim_conflict, row=row)
+        elif self.updates and tx.changes(_CLAIM, self.updates) != len(self.updates):
+            raise _claim_conflict()
         for row in self.rows:
             _rebind_control(tx, row, row.fence + 1)
             if row.retry_request_id is not None:
@@ -287,6 +289,10 @@ class Claims:
         if self.owns_events:
             self.events.flush(tx)
         return self.claimed
+
+
+def _claim_conflict() -> SchedulerKernelError:
+    return SchedulerKernelError("SCHEDULER_CLAIM_CONFLICT", "Occurrence eligibility changed during claim")
 
 
 def _rebind_control(tx: Tx, row: StoredRow, fence: int) -> None:

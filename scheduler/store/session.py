@@ -31,7 +31,7 @@ from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, missing_tables, storage_unavailable
 from scheduler.store.fastpath import FastPath
 from scheduler.store.telemetry import StateChanges, collect, emit_all
-from scheduler.store.tx import Clock, Tx, read_clock
+from scheduler.store.tx import Clock, RestartTransaction, Tx, read_clock
 from scheduler.store.wakeups import send_wakeup, wake_channel, wakes_workers
 
 T = TypeVar("T")
@@ -174,7 +174,7 @@ class _Base:
         fast = self.fastpath
         return fast if fast is not None and fast.usable(self.conn) else None
 
-    def _tx(self, sample_clock: bool, fast: FastPath | None) -> Tx:
+    def _tx(self, sample_clock: bool, fast: FastPath | None, *, restartable: bool = False) -> Tx:
         now: int | None = None
         sampler: Clock | None = None
         if self.clock is SERVER_CLOCK:
@@ -182,8 +182,19 @@ class _Base:
             sampler = lambda: now_of(conn, fast)  # noqa: E731 - read lazily, after the rows are locked
         else:
             now = read_clock(self.clock) if sample_clock else 0
-        options, locks, concurrent = self.options, self.key_locks, self.dialect.CONCURRENT_WRITERS
-        return Tx(self.conn, now, self.uuid_factory, fast, options, sampler, locks, concurrent=concurrent)
+        dialect = self.dialect
+        return Tx(
+            self.conn,
+            now,
+            self.uuid_factory,
+            fast,
+            self.options,
+            sampler,
+            self.key_locks,
+            concurrent=dialect.CONCURRENT_WRITERS,
+            combines_writes=dialect.COMBINES_WRITES,
+            restartable=restartable,
+        )
 
     def idle(self) -> None:
         """The store found nothing to do (a claim without work); a moment for housekeeping."""
@@ -266,6 +277,17 @@ class OwnedRunner(_Base):
             raise classified from error
 
     def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
+        """Run ``operation`` in a transaction of its own; a write among concurrent writers is
+        restartable (``Tx.restartable``): run once more, with savepoints, if it asks to be."""
+        restartable = begin == BEGIN_WRITE and self.dialect.CONCURRENT_WRITERS
+        try:
+            return self._attempt(operation, begin, sample_clock, restartable=restartable)
+        except RestartTransaction:
+            return self._attempt(operation, begin, sample_clock, restartable=False)
+
+    def _attempt(
+        self, operation: Callable[[Tx], T], begin: str, sample_clock: bool, *, restartable: bool
+    ) -> T:
         returned = False
         self._prepare_driver()
         fast = self._usable_fastpath()
@@ -274,8 +296,9 @@ class OwnedRunner(_Base):
         transaction = None if fast is not None else self.conn.begin()
         try:
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
-            tx = self._tx(sample_clock, fast)
+            tx = self._tx(sample_clock, fast, restartable=restartable)
             result = operation(tx)
+            tx.flush_writes()
             self._notify_if_woken(wakes_workers(tx.events))
             returned = True
             changes = collect(tx)
@@ -284,7 +307,7 @@ class OwnedRunner(_Base):
             return result
         except BaseException as error:
             closed = self._rollback(transaction or self.conn.get_transaction())
-            if isinstance(error, SchedulerKernelError):
+            if isinstance(error, (SchedulerKernelError, RestartTransaction)):
                 raise
             # Once the body returned, COMMIT may have been applied: only a failure before it,
             # with the transaction provably closed, is "not_committed" (seed: _write).
@@ -485,6 +508,7 @@ class NestedRunner(_Base):
         try:
             tx = self._tx(sample_clock, self._usable_fastpath())
             result = operation(tx)
+            tx.flush_writes()
             changes = collect(tx)
             savepoint.commit()
             self.wakes = self.wakes or (self.owned_block and wakes_workers(tx.events))

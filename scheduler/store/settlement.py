@@ -18,6 +18,7 @@ from scheduler.contract.scalars import (
 )
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
+from scheduler.store.dialect import server_clock_ms
 from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import (
     EventLog,
@@ -70,6 +71,17 @@ _CURRENT_ROWS: Final = select(
 _CURRENT: Final = Prepared(
     _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")).with_for_update(of=_o)
 )
+_LOCKED_CURRENT: Final = (
+    _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
+    .with_for_update(of=_o)
+    .cte("locked_current")
+    .prefix_with("MATERIALIZED")
+)
+_CURRENT_THEN_CLOCK: Final = Prepared(
+    select(_LOCKED_CURRENT, server_clock_ms().label("server_now")).select_from(_LOCKED_CURRENT)
+)
+"""``_CURRENT`` and the server clock read after the row is locked (the materialized CTE runs its
+lock before the outer query computes the clock): one round trip fewer per settle on PostgreSQL."""
 _CURRENT_MANY: Final = Prepared(
     _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))).with_for_update(of=_o)
 )
@@ -314,11 +326,17 @@ class _Settlements:
     def __init__(self, tx: Tx, requests: Sequence[SettleRequest], events: EventLog | None = None) -> None:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
-        if len(ids) == 1:
+        if len(ids) == 1 and tx.clock_unread:
+            rows = tx.all(_CURRENT_THEN_CLOCK, {"p_id": ids[0]})
+            if rows:
+                tx.adopt_clock(rows[0].server_now)
+        elif len(ids) == 1:
             rows = tx.all(_CURRENT, {"p_id": ids[0]})
         else:
             rows = [row for chunk in chunks(ids) for row in tx.all(_CURRENT_MANY, {"p_ids": list(chunk)})]
         self.current: dict[str, dict[str, Any]] = {row.occurrence_id: _as_dict(row) for row in rows}
+        for values in self.current.values():
+            values.pop("server_now", None)
         self.updates: list[dict[str, Any]] = []
         self.owns_events = events is None
         self.events = EventLog(tx) if events is None else events
@@ -385,7 +403,21 @@ class _Settlements:
         return occurrence_record(settled_row)
 
     def write(self) -> None:
-        if self.updates and self.tx.changes(_SETTLE, self.updates) != len(self.updates):
+        if len(self.updates) == 1:
+            update = self.updates[0]
+            identifier = update["p_id"]
+            due = update["p_status"] == RETRY_WAIT and update["p_available"] <= update["p_now"]
+            # The row ran under this call's live lease (no claim read returns it); unless the
+            # retry is due at once, no claim read returns it afterwards either.
+            self.tx.write_later(
+                _SETTLE,
+                update,
+                expected=1,
+                conflict=lambda: lease_lost(identifier),
+                row=(_o.name, identifier),
+                claim_reads_may_pass=not due,
+            )
+        elif self.updates and self.tx.changes(_SETTLE, self.updates) != len(self.updates):
             raise lease_lost(self.updates[0]["p_id"])
         if self.owns_events:
             self.events.flush(self.tx)

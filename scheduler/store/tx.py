@@ -8,6 +8,7 @@ path), the call's ``now``, key locks, and the event rows the call appends.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
 from sqlalchemy import Connection, Row, insert
@@ -19,6 +20,13 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
 from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.write_batch import (
+    MULTI_ROW_EVENTS,
+    combined,
+    combined_parameters,
+    event_rows_insert,
+    event_rows_parameters,
+)
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -34,6 +42,24 @@ EVENT_INSERT: Final = Prepared(insert(t.events))
 """One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
 
 
+class RestartTransaction(Exception):
+    """Raised inside a restartable transaction (``Tx.restartable``) where a claim would need a
+    savepoint it did not take: the runner rolls the transaction back and runs the call again,
+    with savepoints. Never reaches a caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptWrite:
+    """A one-row write kept by :meth:`Tx.write_later` until the next statement that could see it."""
+
+    statement: Prepared
+    parameters: dict[str, Any]
+    expected: int
+    conflict: Callable[[], SchedulerKernelError]
+    row: tuple[str, str]
+    claim_reads_may_pass: bool
+
+
 class Tx:
     """One transaction as seen by an operation: the connection, ``now`` and small helpers.
 
@@ -45,6 +71,8 @@ class Tx:
 
     __slots__ = (
         "_fast",
+        "_keep_writes",
+        "_kept",
         "_key_locks",
         "_now",
         "_sampler",
@@ -54,6 +82,7 @@ class Tx:
         "conn",
         "events",
         "options",
+        "restartable",
     )
 
     def __init__(
@@ -67,11 +96,19 @@ class Tx:
         key_locks: KeyLocks | None = None,
         *,
         concurrent: bool = False,
+        combines_writes: bool = False,
+        restartable: bool = False,
     ) -> None:
         self.conn = conn
         self.concurrent = concurrent
         """Other write transactions may run at the same time (PostgreSQL): a row read without a
         lock may change before this one writes it (``StoreDialect.CONCURRENT_WRITERS``)."""
+        self.restartable = restartable
+        """The store owns this transaction and may run the call again from the start (nothing
+        is committed before the call returns): a claim takes no savepoint and raises
+        :class:`RestartTransaction` where it would have rolled back to one."""
+        self._keep_writes = combines_writes
+        self._kept: list[KeptWrite] = []
         self._now = now
         self._sampler = sampler
         self._key_locks = key_locks
@@ -97,15 +134,87 @@ class Tx:
             now = self._now = read_clock(self._sampler)
         return now
 
+    @property
+    def clock_unread(self) -> bool:
+        """Whether ``now`` is the server clock and not read yet: a statement that locks the
+        call's rows may read it after the lock (:meth:`adopt_clock`) and save its own round trip."""
+        return self._now is None and self._sampler is not None
+
+    def adopt_clock(self, value: Any) -> None:
+        """Take ``value`` (the server clock, read after this call's rows were locked) as ``now``."""
+        self._now = normalize_epoch_ms(value, "clock result")
+
     def lock_keys(self, scope: str, keys: Iterable[str]) -> None:
         """Hold ``keys`` of ``scope`` until the transaction ends: a concurrent transaction locking
         one of them waits, so a read-check-create step on a row that may not exist yet runs as in
         some serial order. PostgreSQL: advisory transaction locks, taken in sorted order; SQLite:
         nothing (``BEGIN IMMEDIATE`` already serializes writers)."""
         if self._key_locks is not None:
+            self._before(None)
             self._key_locks(self.conn, scope, sorted(set(keys)))
 
+    def write_later(
+        self,
+        statement: Prepared,
+        parameters: dict[str, Any],
+        *,
+        expected: int,
+        conflict: Callable[[], SchedulerKernelError],
+        row: tuple[str, str],
+        claim_reads_may_pass: bool = False,
+    ) -> None:
+        """Run a one-row write now, or keep it to be sent with the next write (the same
+        statement on PostgreSQL: :mod:`scheduler.store.write_batch`); either way ``conflict()``
+        is raised unless it changes ``expected`` rows.
+
+        A kept write is sent before any other statement runs, but for the claim reads marked
+        ``Prepared.passes_kept_writes`` when every kept write says ``claim_reads_may_pass``: the
+        row it writes (``row``: table and key, locked by this transaction) is claimable or
+        sweepable at ``now`` neither before nor after the write, so those reads see the same
+        with or without it.
+        """
+        if not self._keep_writes:
+            if self.changes(statement, parameters) != expected:
+                raise conflict()
+            return
+        if any(kept.row == row for kept in self._kept):
+            self.flush_writes()
+        self._kept.append(KeptWrite(statement, parameters, expected, conflict, row, claim_reads_may_pass))
+
+    def flush_writes(self, events: Sequence[dict[str, Any]] = ()) -> None:
+        """Send the kept writes and ``events`` (``events`` rows), then check each write's count.
+
+        Kept writes and up to ``MULTI_ROW_EVENTS`` event rows go as one statement where the
+        backend combines writes; more event rows follow in one ``executemany``.
+        """
+        kept, self._kept = self._kept, []
+        parts = [(write.statement, write.parameters) for write in kept]
+        rest = list(events)
+        if rest and len(rest) <= MULTI_ROW_EVENTS and (kept or len(rest) > 1):
+            parts.append((event_rows_insert(len(rest)), event_rows_parameters(rest)))
+            rest = []
+        if len(parts) > 1:
+            counts = tuple(self.first(combined(tuple(part for part, _ in parts)), combined_parameters(parts)))
+        else:
+            counts = tuple(self.changes(statement, parameters) for statement, parameters in parts)
+        for write, count in zip(kept, counts, strict=False):
+            if count != write.expected:
+                raise write.conflict()
+        if rest:
+            self.changes(EVENT_INSERT, rest[0] if len(rest) == 1 else rest)
+
+    def _before(self, statement: Prepared | None) -> None:
+        """Send the kept writes before a statement that could see them."""
+        kept = self._kept
+        if kept and not (
+            statement is not None
+            and statement.passes_kept_writes
+            and all(write.claim_reads_may_pass for write in kept)
+        ):
+            self.flush_writes()
+
     def _run(self, statement: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
+        self._before(statement)
         if statement.locks:
             self.claim_savepoint_kept = False
         fast = self._fast
@@ -113,6 +222,7 @@ class Tx:
 
     def driver_sql(self, sql: str) -> None:
         """Run a statement without parameters or rows (``SAVEPOINT …``) as the driver's text."""
+        self._before(None)
         self.claim_savepoint_kept = False
         if self._fast is not None:
             self._fast.run_driver_sql(self.conn, sql)
@@ -120,6 +230,7 @@ class Tx:
             self.conn.exec_driver_sql(sql)
 
     def execute(self, statement: Executable | Prepared, parameters: Any = None) -> CursorResult[Any]:
+        self._before(statement if isinstance(statement, Prepared) else None)
         if isinstance(statement, Prepared):
             if statement.locks:
                 self.claim_savepoint_kept = False
@@ -193,10 +304,10 @@ class Tx:
             "fence": fence,
             "data_json": canonical_json({} if data is None else data, "event.data"),
         }
-        self.changes(EVENT_INSERT, row)
+        self.flush_writes([row])
         self.events.append(row)
 
     def insert_events(self, rows: list[dict[str, Any]]) -> None:
-        """Append several event rows (one ``executemany``)."""
-        self.changes(EVENT_INSERT, rows)
+        """Append several event rows, sent with the kept writes (one statement where it can be)."""
+        self.flush_writes(rows)
         self.events.extend(rows)

@@ -18,11 +18,18 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from scheduler.schema.checks import glob_to_regex
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID
 from scheduler.schema.target import SchemaTarget
-from scheduler.store.dialect import correlated_exists, glob_match, greatest, json_text_field
+from scheduler.store.dialect import (
+    correlated_exists,
+    glob_match,
+    greatest,
+    json_text_field,
+    server_clock_ms,
+)
 from scheduler.store.fastpath import FastPath, Prepared
 
 NAME: Final = "postgresql"
 CONCURRENT_WRITERS: Final = True
+COMBINES_WRITES: Final = True
 """READ COMMITTED writers run at once: a claim locks each candidate it read ``FOR UPDATE SKIP
 LOCKED`` and re-reads it before claiming it (``scheduler.store.claim_locks``)."""
 
@@ -88,11 +95,19 @@ def _greatest(element: greatest, compiler: SQLCompiler, **kw: Any) -> str:
     return f"GREATEST({compiler.process(element.clauses, **kw)})"
 
 
-# ----------------------------------------------------------------- transactions
-
 # The server's clock in epoch milliseconds: clock_timestamp() is the real time of the call (now()
 # would be the transaction's start, possibly before a lock wait).
-SERVER_NOW_SQL: Final = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_SERVER_CLOCK_MS: Final = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+@compiles(server_clock_ms, "postgresql")
+def _server_clock_ms(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
+    return _SERVER_CLOCK_MS
+
+
+# ----------------------------------------------------------------- transactions
+
+SERVER_NOW_SQL: Final = f"SELECT {_SERVER_CLOCK_MS}"
 READ_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 ISOLATION_LEVEL: Final = "READ COMMITTED"
 """Every write transaction runs READ COMMITTED and locks the rows that decide its result."""

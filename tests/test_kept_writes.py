@@ -1,0 +1,178 @@
+"""Writes a call keeps for later (``Tx.write_later``, ``scheduler.store.write_batch``) and claims
+that restart instead of taking a savepoint (``Tx.restartable``).
+
+On PostgreSQL a one-row settle or claim ``UPDATE`` is sent with the call's event rows as one
+statement (data-modifying ``WITH``), and the claim reads may run before a kept settlement when
+the settled row is neither claimable nor due before or after it. On SQLite every write runs when
+asked for. The results are the same on both backends (``place``); the statements sent are
+checked on the real server.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lifecycle_support import Env, env_at, expect_error
+from sqlalchemy import Engine, create_engine, text
+from store_places import StorePlace
+from test_fastpath_postgresql import recording_cursor
+from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
+
+from scheduler import open_store
+from scheduler.store import claim_locks, settlement
+from scheduler.store.fastpath import Prepared
+from scheduler.store.session import OwnedRunner
+
+
+@pytest.fixture
+def env(place: StorePlace) -> Iterator[Env]:
+    with env_at(place) as opened:
+        yield opened
+
+
+def test_a_retry_due_at_once_is_claimed_again_by_the_same_cycle(env: Env) -> None:
+    """The settled row becomes due at ``now``: the claim must see the settlement (it is written
+    before the claim reads), and takes the same occurrence again."""
+    env.job(max_attempts=3)
+    held = env.running()
+    env.tick()
+    cycle = env.store.settle_and_claim(
+        occurrence_id=held.id, owner_id="w1", fence=held.fence, outcome="failed", lease_ms=5000
+    )
+    assert cycle.settled.status == "retry_wait"
+    assert cycle.claimed is not None
+    assert (cycle.claimed.id, cycle.claimed.fence, cycle.claimed.attempt) == (held.id, held.fence + 1, 2)
+    assert env.store.get_occurrence(held.id).status == "running"
+
+
+def test_a_later_retry_is_not_claimed_and_the_next_due_row_is(env: Env) -> None:
+    env.job(max_attempts=3)
+    held = env.running(trigger_key="t1")
+    other = env.enqueue(trigger_key="t2")
+    env.tick()
+    cycle = env.store.settle_and_claim(
+        occurrence_id=held.id,
+        owner_id="w1",
+        fence=held.fence,
+        outcome="failed",
+        retry_at=env.now + 60_000,
+        lease_ms=5000,
+    )
+    assert cycle.settled.status == "retry_wait" and cycle.settled.available_at == env.now + 60_000
+    assert cycle.claimed is not None and cycle.claimed.id == other.id
+    assert env.store.get_occurrence(held.id).status == "retry_wait"
+    types = [event.type for event in env.store.history(occurrence_id=held.id)]
+    assert "occurrence_retry_scheduled" in types
+
+
+def test_a_settlement_that_changes_no_row_is_refused_and_nothing_is_written(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count of a kept write is checked like a rowcount: a settle ``UPDATE`` that matches no
+    row (its lease check skipped here, the fence wrong) is ``SCHEDULER_LEASE_LOST`` once the
+    combined statement ran, and the claim and events sent with it are rolled back."""
+    env.job()
+    held = env.running(trigger_key="t1")
+    env.enqueue(trigger_key="t2")
+    env.tick()
+    before = env.dump()
+    monkeypatch.setattr(settlement, "_lease_held", lambda *_args: True)
+    expect_error(
+        "SCHEDULER_LEASE_LOST",
+        lambda: env.store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w1", fence=held.fence + 7, outcome="succeeded", lease_ms=5000
+        ),
+    )
+    assert env.dump() == before
+
+
+# ------------------------------------------------------------------ PostgreSQL: the statements
+
+
+def _recorded(url: Any, schema: str, seen: list[tuple[str, Any]]) -> tuple[Engine, Any]:
+    engine = create_engine(url, connect_args={"cursor_factory": recording_cursor(seen)})
+    return engine, open_store(engine, schema=schema)  # the server clock (clock=None)
+
+
+@pytest.mark.postgresql
+def test_a_cycle_is_five_statements_and_a_commit(postgres_server: Any, pg_schema: str) -> None:
+    """A quiet ``settle_and_claim``: settle's locked read with the server clock, the queue's
+    heads, the lock, the locked row read again, then both writes and both events as one
+    statement; no savepoint (the store-owned call restarts instead, see below)."""
+    seen: list[tuple[str, Any]] = []
+    engine, store = _recorded(postgres_server.url, pg_schema, seen)
+    try:
+        store.create_job(id="j", kind="k", authority=AUTHORITY)
+        for n in range(3):
+            store.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key=f"t{n}")
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None
+        seen.clear()
+        cycle = store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
+        )
+        assert cycle.claimed is not None
+        sent = [" ".join(sql.split()) for sql, _ in seen]
+        assert len(sent) == 5, sent
+        assert sent[0].startswith("WITH locked_current AS MATERIALIZED (SELECT")
+        assert sent[4].startswith("WITH w0 AS (UPDATE") and "w1 AS (UPDATE" in sent[4]
+        assert "w2 AS (INSERT INTO" in sent[4]
+        assert not any(sql.startswith("SAVEPOINT") for sql in sent)
+        history = [event.type for event in store.history(job_id="j")]
+        assert {"occurrence_succeeded", "occurrence_claimed"} <= set(history)
+        seen.clear()
+        claimed = cycle.claimed
+        store.settle(occurrence_id=claimed.id, owner_id="w", fence=claimed.fence, outcome="succeeded")
+        assert len(seen) == 2  # the locked read, then the UPDATE and its event together
+    finally:
+        store.close()
+        engine.dispose()
+
+
+@pytest.mark.postgresql
+def test_a_claim_that_meets_a_row_changed_under_its_lock_runs_again_with_a_savepoint(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store-owned claim takes no savepoint. When its lock statement returns a candidate that
+    another worker changed and committed while the statement ran (slowed with ``pg_sleep`` so the
+    commit lands in between), the claim cannot release that one lock: the whole call is rolled
+    back and run again, that time with savepoints, and claims as the seed would on the new rows."""
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        first, _second = enqueue(store, 2)
+        slowed = Prepared(
+            claim_locks.LOCK_CANDIDATES.statement.where(text("EXISTS (SELECT FROM pg_sleep(0.2))")),
+            passes_kept_writes=True,
+        )
+        monkeypatch.setattr(claim_locks, "LOCK_CANDIDATES", slowed)
+        attempts: list[bool] = []
+        real_attempt = OwnedRunner._attempt
+
+        def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, *, restartable: bool) -> Any:
+            attempts.append(restartable)
+            return real_attempt(self, operation, begin, sample_clock, restartable=restartable)
+
+        monkeypatch.setattr(OwnedRunner, "_attempt", attempt)
+        pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        store.connection.rollback()
+        results: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: results.append(store.claim_next(owner_id="w", lease_ms=LEASE))
+        )
+        thread.start()
+        while _wait_event(pg_engine, pid) != "PgSleep":
+            assert thread.is_alive(), results
+        with pg_engine.begin() as other:  # another worker claims and gives up the head meanwhile
+            other.exec_driver_sql(
+                f'UPDATE "{pg_schema}".occurrences SET fence = 1 WHERE occurrence_id = %(id)s', {"id": first}
+            )
+        thread.join(30)
+        assert attempts == [True, False]
+        claimed = results[0]
+        assert claimed is not None and (claimed.id, claimed.fence) == (first, 2)  # the head, as it is now
+        assert _row_lock_free(pg_engine, pg_schema, _second)  # nothing else stayed locked
+    finally:
+        store.close()
