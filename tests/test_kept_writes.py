@@ -11,18 +11,19 @@ checked on the real server.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from lifecycle_support import Env, env_at, expect_error
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from store_places import StorePlace
 from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
 
 from scheduler import open_store
-from scheduler.store import claim_locks, settlement
+from scheduler.store import claim_locks, claim_query, settlement
 from scheduler.store.fastpath import Prepared
 from scheduler.store.session import OwnedRunner
 
@@ -98,10 +99,10 @@ def _recorded(url: Any, schema: str, seen: list[tuple[str, Any]]) -> tuple[Engin
 
 
 @pytest.mark.postgresql
-def test_a_cycle_is_five_statements_and_a_commit(postgres_server: Any, pg_schema: str) -> None:
-    """A quiet ``settle_and_claim``: settle's locked read with the server clock, the queue's
-    heads, the lock, the locked row read again, then both writes and both events as one
-    statement; no savepoint (the store-owned call restarts instead, see below)."""
+def test_a_cycle_is_three_statements_and_a_commit(postgres_server: Any, pg_schema: str) -> None:
+    """A quiet ``settle_and_claim``: settle's locked read with the server clock; the queue's heads
+    with the head locked in the same statement; then both writes and both events as one
+    statement. No savepoint (the store-owned call restarts instead, below)."""
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen)
     try:
@@ -114,13 +115,13 @@ def test_a_cycle_is_five_statements_and_a_commit(postgres_server: Any, pg_schema
         cycle = store.settle_and_claim(
             occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
         )
-        assert cycle.claimed is not None
+        assert cycle.claimed is not None and cycle.claimed.fence == 1
         sent = [" ".join(sql.split()) for sql, _ in seen]
-        assert len(sent) == 5, sent
+        assert len(sent) == 3, sent
         assert sent[0].startswith("WITH locked_current AS MATERIALIZED (SELECT")
-        assert sent[4].startswith("WITH w0 AS (UPDATE") and "w1 AS (UPDATE" in sent[4]
-        assert "w2 AS (INSERT INTO" in sent[4]
-        assert not any(sql.startswith("SAVEPOINT") for sql in sent)
+        assert sent[1].startswith("WITH probe AS MATERIALIZED (SELECT") and "SKIP LOCKED" in sent[1]
+        assert sent[2].startswith("WITH w0 AS (UPDATE") and "w1 AS (UPDATE" in sent[2]
+        assert "w2 AS (INSERT INTO" in sent[2]
         history = [event.type for event in store.history(job_id="j")]
         assert {"occurrence_succeeded", "occurrence_claimed"} <= set(history)
         seen.clear()
@@ -132,47 +133,142 @@ def test_a_cycle_is_five_statements_and_a_commit(postgres_server: Any, pg_schema
         engine.dispose()
 
 
+def _slowed(statement: Prepared) -> Prepared:
+    """``statement`` sleeping 0.2 s after its snapshot is taken, before it locks a row."""
+    slow: Any = statement.statement
+    return Prepared(slow.where(text("EXISTS (SELECT FROM pg_sleep(0.2))")), passes_kept_writes=True)
+
+
+@contextmanager
+def _attempts_of(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+    """The ``restartable`` flag of every transaction attempt the store-owned runner makes."""
+    attempts: list[bool] = []
+    real_attempt = OwnedRunner._attempt
+
+    def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, *, restartable: bool) -> Any:
+        attempts.append(restartable)
+        return real_attempt(self, operation, begin, sample_clock, restartable=restartable)
+
+    monkeypatch.setattr(OwnedRunner, "_attempt", attempt)
+    yield attempts
+
+
+def _claim_while(store: Any, engine: Engine, change: Callable[[Connection], None]) -> Any:
+    """``claim_next`` on ``store``, with ``change`` committed by another connection while the
+    claim's (slowed) lock statement sleeps."""
+    pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    store.connection.rollback()
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(store.claim_next(owner_id="w", lease_ms=LEASE)))
+    thread.start()
+    while _wait_event(engine, pid) != "PgSleep":
+        assert thread.is_alive(), results
+    with engine.begin() as other:
+        change(other)
+    thread.join(30)
+    assert len(results) == 1
+    return results[0]
+
+
 @pytest.mark.postgresql
-def test_a_claim_that_meets_a_row_changed_under_its_lock_runs_again_with_a_savepoint(
-    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("path", ["head", "list"])
+def test_a_claim_that_meets_a_row_changed_under_its_lock_runs_again_with_savepoints(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     """The store-owned claim takes no savepoint. When its lock statement returns a candidate that
     another worker changed and committed while the statement ran (slowed with ``pg_sleep`` so the
     commit lands in between), the claim cannot release that one lock: the whole call is rolled
-    back and run again, that time with savepoints, and claims as the seed would on the new rows."""
+    back and run again, that time with savepoints, and claims as the seed would on the new rows.
+    ``head``: the quiet path (heads read and locked in one statement); ``list``: the path among
+    contending workers (the candidate list, then ``LOCK_CANDIDATES``)."""
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
-        first, _second = enqueue(store, 2)
-        slowed = Prepared(
-            claim_locks.LOCK_CANDIDATES.statement.where(text("EXISTS (SELECT FROM pg_sleep(0.2))")),
-            passes_kept_writes=True,
-        )
-        monkeypatch.setattr(claim_locks, "LOCK_CANDIDATES", slowed)
-        attempts: list[bool] = []
-        real_attempt = OwnedRunner._attempt
-
-        def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, *, restartable: bool) -> Any:
-            attempts.append(restartable)
-            return real_attempt(self, operation, begin, sample_clock, restartable=restartable)
-
-        monkeypatch.setattr(OwnedRunner, "_attempt", attempt)
-        pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        store.connection.rollback()
-        results: list[Any] = []
-        thread = threading.Thread(
-            target=lambda: results.append(store.claim_next(owner_id="w", lease_ms=LEASE))
-        )
-        thread.start()
-        while _wait_event(pg_engine, pid) != "PgSleep":
-            assert thread.is_alive(), results
-        with pg_engine.begin() as other:  # another worker claims and gives up the head meanwhile
-            other.exec_driver_sql(
-                f'UPDATE "{pg_schema}".occurrences SET fence = 1 WHERE occurrence_id = %(id)s', {"id": first}
+        first, second = enqueue(store, 2)
+        if path == "head":
+            probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
+            shape = claim_query.NO_FILTER.shape
+            monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
+        else:
+            monkeypatch.setattr(claim_locks, "LOCK_CANDIDATES", _slowed(claim_locks.LOCK_CANDIDATES))
+            store._claims.took_first(False)  # as after a head another worker held
+        with _attempts_of(monkeypatch) as attempts:
+            claimed = _claim_while(
+                store,
+                pg_engine,
+                lambda other: other.exec_driver_sql(
+                    f'UPDATE "{pg_schema}".occurrences SET fence = 1 WHERE occurrence_id = %(id)s',
+                    {"id": first},
+                ),
             )
-        thread.join(30)
         assert attempts == [True, False]
-        claimed = results[0]
         assert claimed is not None and (claimed.id, claimed.fence) == (first, 2)  # the head, as it is now
-        assert _row_lock_free(pg_engine, pg_schema, _second)  # nothing else stayed locked
+        assert _row_lock_free(pg_engine, pg_schema, second)  # nothing else stayed locked
     finally:
         store.close()
+
+
+@pytest.mark.postgresql
+def test_a_head_claimed_on_its_probed_facts_is_decided_again_when_they_changed(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quiet path claims the locked head on its job, control and requeue facts as the probe
+    read them (not read again after the lock); its ``UPDATE`` checks them again. A job disabled
+    between the probe's snapshot and the lock: the ``UPDATE`` writes nothing, the call runs again
+    and finds nothing claimable."""
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        first, second = enqueue(store, 2)
+        probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
+        shape = claim_query.NO_FILTER.shape
+        monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
+        with _attempts_of(monkeypatch) as attempts:
+            claimed = _claim_while(
+                store,
+                pg_engine,
+                lambda other: other.exec_driver_sql(f'UPDATE "{pg_schema}".jobs SET enabled = 0'),
+            )
+        assert attempts == [True, False]
+        assert claimed is None
+        assert [store.get_occurrence(key).status for key in (first, second)] == ["queued", "queued"]
+        assert _row_lock_free(pg_engine, pg_schema, first)
+    finally:
+        store.close()
+
+
+@pytest.mark.postgresql
+def test_a_rolled_back_call_keeps_the_prepared_statements(pg_engine: Engine, pg_schema: str) -> None:
+    """psycopg's ``rollback()`` forgets every statement it prepared; the store rolls its own
+    transactions back past that cache (a restart, or a refused call), so the hot statements stay
+    prepared instead of being planned again on their next five runs."""
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        enqueue(store, 12)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        for _ in range(8):  # psycopg prepares a statement on its sixth execution
+            assert held is not None
+            held = store.settle_and_claim(
+                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
+            ).claimed
+        assert held is not None
+        before = _prepared_names(store)
+        assert len(before) >= 3
+        expect_error(
+            "SCHEDULER_LEASE_LOST",
+            lambda: store.settle(
+                occurrence_id=held.id, owner_id="w", fence=held.fence + 1, outcome="succeeded"
+            ),
+        )
+        assert _prepared_names(store) == before
+        cycle = store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
+        )
+        assert cycle.claimed is not None and _prepared_names(store) == before
+    finally:
+        store.close()
+
+
+def _prepared_names(store: Any) -> set[str]:
+    """The names of the store connection's prepared statements (read past psycopg's cache)."""
+    driver = store.connection.connection.driver_connection
+    rows = driver.execute("SELECT name FROM pg_prepared_statements", prepare=False).fetchall()
+    return {name for (name,) in rows}

@@ -461,6 +461,7 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
     names = {
         id(claim_locks.LOCK_CANDIDATES): "lock",
         id(claim_query.head_probe_prepared(claim_query.NO_FILTER)): "head",
+        id(claim_query.head_probe_and_lock_prepared(claim_query.NO_FILTER)): "head+lock",
         id(claim_query.claim_next_prepared(claim_query.NO_FILTER)): "list",
     }
 
@@ -482,10 +483,15 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
         assert claimed is not None
         return [claimed.id, *seen]
 
-    # (No SAVEPOINT: a store-owned claim restarts instead, test_kept_writes.py.)
+    # A store-owned claim reads the heads and locks the head in one statement, and takes no
+    # SAVEPOINT (it restarts instead: test_kept_writes.py).
     with held(pg_engine, pg_schema, made[:5]):
-        assert claim() == [made[5], "head", "lock", "list", "lock"]
+        assert claim() == [made[5], "head+lock", "list", "lock"]
         assert claim() == [made[6], "list", "lock"]
     quiet = [claim() for _ in range(claim_locks.ClaimContention.QUIET_CLAIMS)]
     assert quiet == [[made[index], "list", "lock"] for index in (0, 1, 2, 3, 4, 7, 8, 9)]
-    assert claim() == [made[10], "head", "lock"]
+    assert claim() == [made[10], "head+lock"]
+    with store.transaction() as tx:  # a caller's transaction cannot restart: savepoints, as before
+        seen.clear()
+        claimed = tx.claim_next(owner_id="w", lease_ms=LEASE)
+        assert claimed is not None and [claimed.id, *seen] == [made[11], "head", "SAVEPOINT", "lock"]

@@ -46,7 +46,7 @@ from sqlalchemy import Integer, String, bindparam, case, cast, literal_column, s
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.claim_plan import claimable, sort_key, sweepable
-from scheduler.store.claim_query import LOCKED_ROWS
+from scheduler.store.claim_query import LOCKED_PREFIX, LOCKED_ROWS
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
 
@@ -235,6 +235,49 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     # Nothing stays locked, and the savepoint is still established: the next attempt reuses it.
     tx.claim_savepoint_kept = savepoint
     return [], len(candidates)
+
+
+class LockedAsProbed:
+    """A probed head with the occurrence columns of its row as the probe statement locked it
+    (the newest version) and its runtime control, requeue request and job as probed (none, none,
+    eligible: ``claim_query._plain``). A claim of it is written with
+    ``claim_query.PLAIN_CLAIM_GUARD``, which checks those three again after the lock; where they
+    changed, nothing is written and the call runs again (``RestartTransaction``)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def locked_head(tx: Tx, rows: Sequence[StoredRow], head: StoredRow | None) -> LockedAsProbed | None:
+    """The head ``claim_query.head_probe_and_lock_prepared`` locked (``rows``: its result; ``head``:
+    the candidate its plan chose), or ``None`` when it locked nothing (another transaction holds
+    the head). In a restartable transaction only: a locked row that is not the plan's head, or
+    that changed while the statement ran, cannot be released there (``RestartTransaction``)."""
+    locked = next((row for row in rows if getattr(row, LOCKED_PREFIX + "occurrence_id") is not None), None)
+    if locked is None:
+        return None
+    if head is None or locked.occurrence_id != head.occurrence_id:
+        raise RestartTransaction
+    values = dict(head._mapping)
+    for column in _o.c:
+        values[column.name] = getattr(locked, LOCKED_PREFIX + column.name)
+    fresh = LockedAsProbed(values)
+    now = tx.now
+    if not (_as_read(fresh, head) and claimable(fresh, now) and sort_key(fresh) == sort_key(head)):
+        raise RestartTransaction
+    return fresh
 
 
 def _as_read(locked: StoredRow, read: StoredRow) -> bool:

@@ -236,12 +236,17 @@ def probed_plan(tx: Tx, claim_filter: ClaimFilter) -> ClaimPlan | None:
     other due row, so when it is claimable it is that choice (a plain queue: the common case).
     """
     rows = tx.all(head_probe_prepared(claim_filter), head_probe_params(tx.now, claim_filter))
+    return head_plan(rows, tx.now)
+
+
+def head_plan(rows: Sequence[StoredRow], now: int) -> ClaimPlan | None:
+    """:func:`probed_plan` of the head probe's rows (``claim_query.head_probe_prepared``)."""
     if any(row.arm == ARM_EXPIRED for row in rows):
         return None
     if not rows:
-        return ClaimPlan((), tx.now)
+        return ClaimPlan((), now)
     head = min(rows, key=sort_key)
-    return ClaimPlan([head], tx.now) if claimable(head, tx.now) else None
+    return ClaimPlan([head], now) if claimable(head, now) else None
 
 
 def due_rows_beyond_window(

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
+    Boolean,
     CompoundSelect,
     Integer,
     Select,
@@ -294,6 +295,74 @@ def _build_head_probe(shape: Shape) -> CompoundSelect[Any]:
     return union_all(*heads, select(expired.subquery("expired")))
 
 
+def _plain(probe: Any) -> ColumnElement[bool]:
+    """A due head a claim may take on its probed row alone: its job eligible, attempts left, no
+    runtime control and no requeue request (``claim_plan.claimable`` holds for it, and the claim
+    ``UPDATE`` re-checks the last three with :data:`PLAIN_CLAIM_GUARD`)."""
+    return and_(
+        type_coerce(probe.c.job_ok, Boolean()),
+        probe.c.control_state.is_(None),
+        probe.c.retry_request_id.is_(None),
+        probe.c.attempt < probe.c.max_attempts,
+    )
+
+
+LOCKED_PREFIX: Final = "locked_"
+"""The columns of the row :func:`head_probe_and_lock_prepared` locked: ``locked_<column>``."""
+
+
+def _build_head_probe_and_lock(shape: Shape) -> Select[Any]:
+    """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
+    nothing expired is to be acted on and the head is :func:`_plain` (what the probe's reader
+    would then lock next). Every probe row comes back with the ``locked_*`` columns of the row
+    as locked (its newest version; NULL where nothing was locked) and ``head_plain``."""
+    probe = _build_head_probe(shape).cte("probe").prefix_with("MATERIALIZED")
+    expired = probe.alias("probe_expired")
+    head = (
+        select(probe.c.occurrence_id, _plain(probe).label("plain"))
+        .where(
+            probe.c.arm != literal_column(f"'{ARM_EXPIRED}'"),
+            ~exists().where(expired.c.arm == literal_column(f"'{ARM_EXPIRED}'")),
+        )
+        .order_by(probe.c.available_at, probe.c.scheduled_for, probe.c.occurrence_id)
+        .limit(_ONE)
+        .cte("head")
+    )
+    occurrences = t.occurrences
+    locked = (
+        select(*occurrences.c)
+        .select_from(occurrences.join(head, occurrences.c.occurrence_id == head.c.occurrence_id))
+        .where(head.c.plain)
+        .with_for_update(of=occurrences, skip_locked=True)
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
+    )
+    return select(
+        probe,
+        *[locked.c[column.name].label(LOCKED_PREFIX + column.name) for column in occurrences.c],
+        select(head.c.plain).scalar_subquery().label("head_plain"),
+    ).select_from(probe.outerjoin(locked, locked.c.occurrence_id == probe.c.occurrence_id))
+
+
+def _plain_claim_guard() -> ColumnElement[bool]:
+    occurrences, controls, retries = t.occurrences, t.occurrence_controls, t.occurrence_retries
+    return and_(
+        ~exists().where(controls.c.occurrence_id == occurrences.c.occurrence_id),
+        ~exists().where(
+            retries.c.occurrence_id == occurrences.c.occurrence_id,
+            retries.c.claimed_at.is_(None),
+            retries.c.expected_fence == occurrences.c.fence,
+        ),
+        exists().where(t.jobs.c.job_id == occurrences.c.job_id, *_job_conditions(t.jobs, (KIND_ANY, False))),
+    )
+
+
+PLAIN_CLAIM_GUARD: Final = _plain_claim_guard()
+"""For an ``UPDATE`` of ``occurrences``: the row still has no runtime control and no requeue
+request at its fence, and its job is enabled, as when it was probed (:func:`_plain`); a claim
+decided on a probed row without reading it again after the lock writes only if this holds."""
+
+
 def _target_arm() -> Select[Any]:
     return (
         select(*_columns(ARM_TARGET, job_filter((KIND_ANY, False)), null()))
@@ -313,6 +382,9 @@ _CLAIM_NEXT_PREPARED: Final = {
 }
 _HEAD_PROBE_PREPARED: Final = {
     shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in _SHAPES
+}
+_HEAD_PROBE_AND_LOCK_PREPARED: Final = {
+    shape: Prepared(_build_head_probe_and_lock(shape), passes_kept_writes=True) for shape in _SHAPES
 }
 CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
@@ -353,6 +425,12 @@ def head_probe_prepared(claim_filter: ClaimFilter) -> Prepared:
     act on (params: :func:`head_probe_params`). When no such lease exists and the earlier of the
     two heads is claimable, that head is what the full statement would choose."""
     return _HEAD_PROBE_PREPARED[claim_filter.shape]
+
+
+def head_probe_and_lock_prepared(claim_filter: ClaimFilter) -> Prepared:
+    """:func:`head_probe_prepared` that also locks a plain head (:func:`_build_head_probe_and_lock`;
+    params: :func:`head_probe_params`): one statement where a quiet claim took two."""
+    return _HEAD_PROBE_AND_LOCK_PREPARED[claim_filter.shape]
 
 
 def head_probe_params(now: int, claim_filter: ClaimFilter) -> dict[str, Any]:

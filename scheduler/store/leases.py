@@ -20,14 +20,24 @@ from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
-from scheduler.store.claim_locks import ClaimContention, lock_candidates, lock_target, locked_sweep
-from scheduler.store.claim_plan import ClaimPlan, claimable, keeps_attempt, probed_plan, read_plan
+from scheduler.store.claim_locks import (
+    ClaimContention,
+    LockedAsProbed,
+    lock_candidates,
+    lock_target,
+    locked_head,
+    locked_sweep,
+)
+from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, probed_plan, read_plan
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     PAUSE_REQUESTED,
+    PLAIN_CLAIM_GUARD,
     RESUMED,
     ClaimFilter,
     claim_occurrence_params,
+    head_probe_and_lock_prepared,
+    head_probe_params,
 )
 from scheduler.store.dialect import greatest
 from scheduler.store.fastpath import Prepared, StoredRow
@@ -44,7 +54,7 @@ from scheduler.store.settlement import (
     settle_in,
     settle_many_in,
 )
-from scheduler.store.tx import Tx
+from scheduler.store.tx import RestartTransaction, Tx
 
 MAX_CLAIM_BATCH: Final = 1000
 LEASE_EXPIRED_ERROR: Final = {
@@ -61,7 +71,7 @@ _leased = and_(
     _o.c.lease_owner == bindparam("p_owner"),
     _o.c.fence == bindparam("p_fence"),
 )
-_CLAIM: Final = Prepared(
+_CLAIM_UPDATE: Final = (
     update(_o)
     .where(_o.c.occurrence_id == bindparam("p_id"), _o.c.fence == bindparam("p_fence"))
     .values(
@@ -74,6 +84,9 @@ _CLAIM: Final = Prepared(
         settled_at=None,
     )
 )
+_CLAIM: Final = Prepared(_CLAIM_UPDATE)
+_CLAIM_GUARDED: Final = Prepared(_CLAIM_UPDATE.where(PLAIN_CLAIM_GUARD))
+"""``_CLAIM`` of a head claimed on its probed control, requeue and job facts (``LockedAsProbed``)."""
 _RENEW: Final = Prepared(
     update(_o)
     .where(_leased, _o.c.lease_expires_at > bindparam("p_now"))
@@ -212,7 +225,7 @@ class Claims:
     applied, so nothing is read back.
     """
 
-    __slots__ = ("claimed", "events", "expires", "owner", "owns_events", "rows", "tx", "updates")
+    __slots__ = ("claimed", "events", "expires", "guarded", "owner", "owns_events", "rows", "tx", "updates")
 
     def __init__(self, tx: Tx, owner: str, lease_ms: int, events: EventLog | None = None) -> None:
         self.tx = tx
@@ -222,6 +235,8 @@ class Claims:
         self.events = EventLog(tx) if events is None else events
         self.rows: list[StoredRow] = []
         self.updates: list[dict[str, Any]] = []
+        self.guarded = False
+        """A row was claimed on facts as probed (``LockedAsProbed``): its UPDATE checks them."""
         self.claimed: list[Occurrence] = []
 
     def claim(self, row: StoredRow, *, targeted: bool) -> None:
@@ -249,6 +264,7 @@ class Claims:
             }
         )
         self.rows.append(row)
+        self.guarded = self.guarded or isinstance(row, LockedAsProbed)
         data: dict[str, Any] = {
             "attempt": attempt,
             "previousOwner": row.lease_owner,
@@ -278,7 +294,10 @@ class Claims:
         if len(self.updates) == 1:
             update = self.updates[0]
             row = (_o.name, update["p_id"])
-            tx.write_later(_CLAIM, update, expected=1, conflict=_claim_conflict, row=row)
+            if self.guarded:  # the facts changed after the probe: decide again on a fresh read
+                tx.write_later(_CLAIM_GUARDED, update, expected=1, conflict=RestartTransaction, row=row)
+            else:
+                tx.write_later(_CLAIM, update, expected=1, conflict=_claim_conflict, row=row)
         elif self.updates and tx.changes(_CLAIM, self.updates) != len(self.updates):
             raise _claim_conflict()
         for row in self.rows:
@@ -353,13 +372,28 @@ def _claim_head(tx: Tx, claims: Claims, claim_filter: ClaimFilter, contention: C
     (expired leases to act on, a head not claimable, or a head another worker holds)."""
     if not contention.probe_first:
         return False
-    plan = probed_plan(tx, claim_filter)
-    if plan is None:
-        return False
-    head = plan.next_candidate()
-    if head is None:
-        return True  # nothing is due
-    locked, _seen = lock_candidates(tx, [head], 1)
+    if not tx.restartable:
+        plan = probed_plan(tx, claim_filter)
+        if plan is None:
+            return False
+        head = plan.next_candidate()
+        if head is None:
+            return True  # nothing is due
+        locked, _seen = lock_candidates(tx, [head], 1)
+    else:
+        # One statement reads the heads and locks a plain head (claim_query._plain).
+        rows = tx.all(head_probe_and_lock_prepared(claim_filter), head_probe_params(tx.now, claim_filter))
+        plan = head_plan(rows, tx.now)
+        head = None if plan is None else plan.next_candidate()
+        fresh = locked_head(tx, rows, head)
+        if head is None:
+            return plan is not None  # nothing is due, or read the full list
+        if fresh is not None:
+            locked = [fresh]
+        elif rows[0].head_plain:
+            locked = []  # another transaction holds the head
+        else:
+            locked, _seen = lock_candidates(tx, [head], 1)
     contention.took_first(bool(locked))
     if locked:
         claims.claim(locked[0], targeted=False)

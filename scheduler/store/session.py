@@ -334,6 +334,10 @@ class OwnedRunner(_Base):
             send_wakeup(self.conn, channel)
 
     def _rollback(self, transaction: Any) -> bool:
+        fast = self.fastpath
+        if fast is not None and not self.conn.invalidated:
+            with suppress(Exception):  # closed meanwhile: the rollback below handles it
+                fast.rollback_keeping_prepared(self.conn)
         # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
         with suppress(Exception):
             transaction.rollback()

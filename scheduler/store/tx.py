@@ -55,7 +55,7 @@ class KeptWrite:
     statement: Prepared
     parameters: dict[str, Any]
     expected: int
-    conflict: Callable[[], SchedulerKernelError]
+    conflict: Callable[[], Exception]
     row: tuple[str, str]
     claim_reads_may_pass: bool
 
@@ -159,7 +159,7 @@ class Tx:
         parameters: dict[str, Any],
         *,
         expected: int,
-        conflict: Callable[[], SchedulerKernelError],
+        conflict: Callable[[], Exception],
         row: tuple[str, str],
         claim_reads_may_pass: bool = False,
     ) -> None:
