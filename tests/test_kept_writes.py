@@ -99,10 +99,12 @@ def _recorded(url: Any, schema: str, seen: list[tuple[str, Any]]) -> tuple[Engin
 
 
 @pytest.mark.postgresql
-def test_a_cycle_is_three_statements_and_a_commit(postgres_server: Any, pg_schema: str) -> None:
-    """A quiet ``settle_and_claim``: settle's locked read with the server clock; the queue's heads
-    with the head locked in the same statement; then both writes and both events as one
-    statement. No savepoint (the store-owned call restarts instead, below)."""
+def test_a_cycle_is_two_statements_and_a_commit(postgres_server: Any, pg_schema: str) -> None:
+    """A quiet ``settle_and_claim``: one statement locks and reads the settled row, reads the
+    server clock after that lock and the queue's heads with it, and locks the head
+    (``cycle_read``); then both writes and both events as one statement. No savepoint (the
+    store-owned call restarts instead, below). A plain ``settle``: its locked read with the
+    clock, then its ``UPDATE`` and its event together."""
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen)
     try:
@@ -117,11 +119,12 @@ def test_a_cycle_is_three_statements_and_a_commit(postgres_server: Any, pg_schem
         )
         assert cycle.claimed is not None and cycle.claimed.fence == 1
         sent = [" ".join(sql.split()) for sql, _ in seen]
-        assert len(sent) == 3, sent
+        assert len(sent) == 2, sent
         assert sent[0].startswith("WITH locked_current AS MATERIALIZED (SELECT")
-        assert sent[1].startswith("WITH probe AS MATERIALIZED (SELECT") and "SKIP LOCKED" in sent[1]
-        assert sent[2].startswith("WITH w0 AS (UPDATE") and "w1 AS (UPDATE" in sent[2]
-        assert "w2 AS (INSERT INTO" in sent[2]
+        assert "cycle_clock AS MATERIALIZED" in sent[0] and "probe AS MATERIALIZED" in sent[0]
+        assert "FOR UPDATE OF occurrences SKIP LOCKED" in sent[0]
+        assert sent[1].startswith("WITH w0 AS (UPDATE") and "w1 AS (UPDATE" in sent[1]
+        assert "w2 AS (INSERT INTO" in sent[1]
         history = [event.type for event in store.history(job_id="j")]
         assert {"occurrence_succeeded", "occurrence_claimed"} <= set(history)
         seen.clear()
@@ -140,13 +143,15 @@ def _slowed(statement: Prepared) -> Prepared:
 
 
 @contextmanager
-def _attempts_of(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
-    """The ``restartable`` flag of every transaction attempt the store-owned runner makes."""
+def _attempts_of(monkeypatch: pytest.MonkeyPatch, store: Any = None) -> Iterator[list[bool]]:
+    """The ``restartable`` flag of every transaction attempt a store-owned runner makes (only
+    ``store``'s, if given)."""
     attempts: list[bool] = []
     real_attempt = OwnedRunner._attempt
 
     def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, *, restartable: bool) -> Any:
-        attempts.append(restartable)
+        if store is None or self is store._runner:
+            attempts.append(restartable)
         return real_attempt(self, operation, begin, sample_clock, restartable=restartable)
 
     monkeypatch.setattr(OwnedRunner, "_attempt", attempt)
@@ -272,3 +277,70 @@ def _prepared_names(store: Any) -> set[str]:
     driver = store.connection.connection.driver_connection
     rows = driver.execute("SELECT name FROM pg_prepared_statements", prepare=False).fetchall()
     return {name for (name,) in rows}
+
+
+@pytest.mark.postgresql
+def test_a_retry_due_at_once_with_the_server_clock_restarts_and_is_claimed_again(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cycle's first statement reads the heads before the settlement is written; a retry due
+    at once would be one of them, so the call runs again the usual way and claims it again."""
+    store = open_store(pg_engine, schema=pg_schema)  # the server clock
+    try:
+        (only,) = enqueue(store, 1)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None and held.id == only
+        with _attempts_of(monkeypatch) as attempts:
+            cycle = store.settle_and_claim(
+                occurrence_id=only, owner_id="w", fence=held.fence, outcome="failed", lease_ms=LEASE
+            )
+        assert attempts == [True, False]
+        assert cycle.settled.status == "retry_wait"
+        assert cycle.claimed is not None and (cycle.claimed.id, cycle.claimed.fence) == (only, 2)
+    finally:
+        store.close()
+
+
+@pytest.mark.postgresql
+def test_a_cycle_that_waited_for_its_settled_row_reads_the_heads_again(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heads of the cycle's first statement are read on the snapshot taken before the settled
+    row's lock: when that lock waited (another transaction held the row), rows committed meanwhile
+    would be missed, so the call runs again the usual way. Here an occurrence due earlier than
+    every other is enqueued and committed while the cycle waits: it is the one claimed."""
+    store = open_store(pg_engine, schema=pg_schema)  # the server clock
+    try:
+        made = enqueue(store, 3)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None and held.id == made[0]
+        pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        store.connection.rollback()
+        with pg_engine.connect() as blocker, _attempts_of(monkeypatch, store) as attempts:
+            with blocker.begin():
+                blocker.exec_driver_sql(
+                    f'SELECT 1 FROM "{pg_schema}".occurrences WHERE occurrence_id = %(id)s FOR UPDATE',
+                    {"id": held.id},
+                )
+                results: list[Any] = []
+                settle = {"occurrence_id": held.id, "owner_id": "w", "fence": held.fence}
+                thread = threading.Thread(
+                    target=lambda: results.append(
+                        store.settle_and_claim(**settle, outcome="succeeded", lease_ms=LEASE)
+                    )
+                )
+                thread.start()
+                while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):
+                    assert thread.is_alive(), results
+                other = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+                try:
+                    early = other.enqueue_occurrence(
+                        job_id="job-1", scheduled_for=T0 - 1000, trigger_key="early"
+                    )
+                finally:
+                    other.close()
+            thread.join(30)
+        assert attempts == [True, False]
+        assert results[0].claimed is not None and results[0].claimed.id == early.id
+    finally:
+        store.close()

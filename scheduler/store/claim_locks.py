@@ -25,7 +25,14 @@ swept; otherwise the attempt is rolled back to the savepoint (releasing whatever
 repeated without the rows that changed. A worker therefore never keeps a lock on a row it does
 not claim or sweep, and never makes the owner of such a row wait. One savepoint per claim, reused
 by the next attempt while nothing else ran (a transaction with many subtransactions slows every
-snapshot on the server).
+snapshot on the server). A transaction the store owns (``Tx.restartable``) takes no savepoint for
+a claim: where it would roll back to one, it raises ``RestartTransaction`` and the runner rolls
+the whole call back and runs it again, with savepoints (a statement saved on every cycle against
+a call run twice in the rare cycle whose candidate changed under its lock).
+
+The quiet path locks the head in the statement that reads it (``claim_query``'s
+``build_head_probe_and_lock``): :func:`locked_head` turns its result into the head as locked, to
+be claimed on its probed control, requeue and job facts (:class:`LockedAsProbed`).
 
 A sweep locks its whole batch (:data:`LOCK_EXPIRED`, the rows still expired on their final
 attempt). A targeted claim (``claim_occurrence``) waits for the named row instead (plain ``FOR

@@ -50,8 +50,9 @@ from sqlalchemy import (
     type_coerce,
     union_all,
 )
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.sqltypes import NullType
+from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
@@ -311,12 +312,24 @@ LOCKED_PREFIX: Final = "locked_"
 """The columns of the row :func:`head_probe_and_lock_prepared` locked: ``locked_<column>``."""
 
 
-def _build_head_probe_and_lock(shape: Shape) -> Select[Any]:
+def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
+    """``statement`` with ``now`` where it has the bind ``:now``."""
+
+    def replace(element: Any) -> Any:
+        return now if isinstance(element, BindParameter) and element.key == "now" else None
+
+    replaced: Any = replacement_traverse(statement, {}, replace)  # type: ignore[call-overload]
+    return replaced
+
+
+def build_head_probe_and_lock(shape: Shape, now: ColumnElement[Any] | None = None) -> Select[Any]:
     """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
     nothing expired is to be acted on and the head is :func:`_plain` (what the probe's reader
     would then lock next). Every probe row comes back with the ``locked_*`` columns of the row
-    as locked (its newest version; NULL where nothing was locked) and ``head_plain``."""
-    probe = _build_head_probe(shape).cte("probe").prefix_with("MATERIALIZED")
+    as locked (its newest version; NULL where nothing was locked) and ``head_plain``. ``now``:
+    an expression for the call's time in place of the bind ``:now``."""
+    heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
+    probe = heads.cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     head = (
         select(probe.c.occurrence_id, _plain(probe).label("plain"))
@@ -384,7 +397,7 @@ _HEAD_PROBE_PREPARED: Final = {
     shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in _SHAPES
 }
 _HEAD_PROBE_AND_LOCK_PREPARED: Final = {
-    shape: Prepared(_build_head_probe_and_lock(shape), passes_kept_writes=True) for shape in _SHAPES
+    shape: Prepared(build_head_probe_and_lock(shape), passes_kept_writes=True) for shape in _SHAPES
 }
 CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()

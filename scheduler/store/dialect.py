@@ -12,8 +12,8 @@ hold each backend's runtime pieces (begin statements, failure classification, cl
   PostgreSQL, translated by ``scheduler.schema.glob_to_regex``);
 * :func:`insert_ignoring_conflict` — ``INSERT … ON CONFLICT (cols) DO NOTHING`` (the same text on
   both backends);
-* :class:`server_clock_ms` — the server's clock in epoch ms (PostgreSQL only: SQLite's store
-  samples its clock in Python).
+* :class:`server_clock_ms` — the server's clock in epoch ms, and :class:`statement_age_us`, the
+  time since the statement began (PostgreSQL only: SQLite's store samples its clock in Python).
 
 Row locks need no construct: ``Select.with_for_update(skip_locked=…)`` renders ``FOR UPDATE …``
 on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers.
@@ -142,6 +142,25 @@ class server_clock_ms(FunctionElement[int]):
     type = BigInteger()
 
 
+class statement_age_us(FunctionElement[int]):
+    """Microseconds from the start of the statement to when this value is computed (PostgreSQL
+    ``clock_timestamp() - statement_timestamp()``): how long the statement waited for its locks."""
+
+    name = "statement_age_us"
+    inherit_cache = True
+    type = BigInteger()
+
+
+@compiles(statement_age_us)
+def _statement_age_as_named(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
+    return "statement_age_us()"
+
+
+@compiles(statement_age_us, "sqlite")
+def _no_statement_age(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
+    raise CompileError("the SQLite store has no server clock")
+
+
 @compiles(server_clock_ms)
 def _server_clock_as_named(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
     return "server_clock_ms()"  # str(statement); each backend renders its own (or refuses)
@@ -196,4 +215,5 @@ __all__ = [
     "insert_ignoring_conflict",
     "json_text_field",
     "server_clock_ms",
+    "statement_age_us",
 ]

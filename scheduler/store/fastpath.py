@@ -426,13 +426,18 @@ class FastPath:
         in its transactions); ``rollback()`` afterwards finds the transaction ended and does
         nothing.
         """
-        driver: Any = conn.connection.driver_connection  # psycopg's own Connection
+        driver: Any = conn.connection.driver_connection  # psycopg's own (async) Connection
         threshold = getattr(driver, "prepare_threshold", None)
         if threshold is None:
             return False
+        dbapi: Any = conn.connection.dbapi_connection  # SQLAlchemy's adapter on async psycopg
         try:
             driver.prepare_threshold = None
-            driver.execute("ROLLBACK")
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute("ROLLBACK")
+            finally:
+                cursor.close()
             return True
         except Exception:  # the connection is gone or unusable: the caller's rollback handles it
             return False

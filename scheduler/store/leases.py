@@ -14,7 +14,7 @@ from typing import Any, Final
 from sqlalchemy import and_, bindparam, update
 
 from scheduler.contract.canonical import canonical_json
-from scheduler.contract.constants import DEAD_LETTER, MAX_LEASE_MS, MAX_SAFE_INTEGER, RUNNING
+from scheduler.contract.constants import DEAD_LETTER, MAX_LEASE_MS, MAX_SAFE_INTEGER, RETRY_WAIT, RUNNING
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
@@ -39,6 +39,7 @@ from scheduler.store.claim_query import (
     head_probe_and_lock_prepared,
     head_probe_params,
 )
+from scheduler.store.cycle_read import read_cycle
 from scheduler.store.dialect import greatest
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.jobs import not_found
@@ -345,15 +346,21 @@ def claim_in(
     limit: int,
     events: EventLog | None = None,
     contention: ClaimContention | None = None,
+    probed: Sequence[StoredRow] | None = None,
 ) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep.
 
     With ``events`` given, the events are appended there for the caller to write. ``contention``
-    (the store's): how a single claim among concurrent writers reads its candidates.
+    (the store's): how a single claim among concurrent writers reads its candidates; ``probed``:
+    the rows of ``claim_query.build_head_probe_and_lock`` already read in this transaction.
     """
     claims = Claims(tx, owner, lease_ms, events)
     if tx.concurrent:
-        if limit != 1 or contention is None or not _claim_head(tx, claims, claim_filter, contention):
+        if (
+            limit != 1
+            or contention is None
+            or not _claim_head(tx, claims, claim_filter, contention, probed)
+        ):
             _claim_locked(tx, claims, claim_filter, limit, contention)
         return claims.write()
     plan = read_plan(tx, claim_filter, limit)
@@ -366,11 +373,17 @@ def claim_in(
     return claims.write()
 
 
-def _claim_head(tx: Tx, claims: Claims, claim_filter: ClaimFilter, contention: ClaimContention) -> bool:
+def _claim_head(
+    tx: Tx,
+    claims: Claims,
+    claim_filter: ClaimFilter,
+    contention: ClaimContention,
+    probed: Sequence[StoredRow] | None = None,
+) -> bool:
     """A single claim decided by the heads of the queue alone (see ``ClaimContention``): True
     when it is decided (the head claimed, or nothing due), False to read the full candidate list
     (expired leases to act on, a head not claimable, or a head another worker holds)."""
-    if not contention.probe_first:
+    if not contention.probe_first and probed is None:
         return False
     if not tx.restartable:
         plan = probed_plan(tx, claim_filter)
@@ -382,7 +395,9 @@ def _claim_head(tx: Tx, claims: Claims, claim_filter: ClaimFilter, contention: C
         locked, _seen = lock_candidates(tx, [head], 1)
     else:
         # One statement reads the heads and locks a plain head (claim_query._plain).
-        rows = tx.all(head_probe_and_lock_prepared(claim_filter), head_probe_params(tx.now, claim_filter))
+        rows = probed
+        if rows is None:
+            rows = tx.all(head_probe_and_lock_prepared(claim_filter), head_probe_params(tx.now, claim_filter))
         plan = head_plan(rows, tx.now)
         head = None if plan is None else plan.next_candidate()
         fresh = locked_head(tx, rows, head)
@@ -467,8 +482,16 @@ def settle_and_claim_in(
         clock: API §8) is read here, after the settled row is locked."""
         lease_expiry(tx.now, lease_ms)
 
-    settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease)
-    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events, contention)
+    probed: Sequence[StoredRow] | None = None
+    read: dict[str, dict[str, Any]] | None = None
+    if tx.restartable and contention is not None and contention.probe_first:
+        cycle = read_cycle(tx, request.occurrence_id, claim_filter)  # settle's read and the heads at once
+        read = {} if cycle.current is None else {request.occurrence_id: cycle.current}
+        probed = cycle.heads
+    settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease, read=read)
+    if probed is not None and settled.status == RETRY_WAIT and settled.available_at <= tx.now:
+        raise RestartTransaction  # the heads were read before the retry made its row due
+    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events, contention, probed)
     events.flush(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
 

@@ -54,7 +54,7 @@ _adj = t.adjudications
 # The occurrence row is locked (PostgreSQL; nothing on SQLite) before the control, reservation and
 # adjudication rows are written, as every writer of those rows does: a claim or sweep holding the
 # row is then waited for instead of deadlocked with.
-_CURRENT_ROWS: Final = select(
+CURRENT_ROWS: Final = select(
     _o,
     _c.c.state.label("control_state"),
     _c.c.expected_fence.label("control_expected_fence"),
@@ -68,11 +68,12 @@ _CURRENT_ROWS: Final = select(
     .outerjoin(_res, _res.c.occurrence_id == _o.c.occurrence_id)
     .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
 )
+"""An occurrence with its control, reservation and adjudication: what a settlement decides on."""
 _CURRENT: Final = Prepared(
-    _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")).with_for_update(of=_o)
+    CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")).with_for_update(of=_o)
 )
 _LOCKED_CURRENT: Final = (
-    _CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
+    CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
     .with_for_update(of=_o)
     .cte("locked_current")
     .prefix_with("MATERIALIZED")
@@ -83,7 +84,7 @@ _CURRENT_THEN_CLOCK: Final = Prepared(
 """``_CURRENT`` and the server clock read after the row is locked (the materialized CTE runs its
 lock before the outer query computes the clock): one round trip fewer per settle on PostgreSQL."""
 _CURRENT_MANY: Final = Prepared(
-    _CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))).with_for_update(of=_o)
+    CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))).with_for_update(of=_o)
 )
 _SETTLE: Final = Prepared(
     update(_o)
@@ -323,10 +324,18 @@ def _as_dict(row: Any) -> dict[str, Any]:
 class _Settlements:
     """The settlements of one transaction: rows read once, one UPDATE and one event insert at the end."""
 
-    def __init__(self, tx: Tx, requests: Sequence[SettleRequest], events: EventLog | None = None) -> None:
+    def __init__(
+        self,
+        tx: Tx,
+        requests: Sequence[SettleRequest],
+        events: EventLog | None = None,
+        read: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
-        if len(ids) == 1 and tx.clock_unread:
+        if read is not None:
+            rows: Sequence[Any] = ()
+        elif len(ids) == 1 and tx.clock_unread:
             rows = tx.all(_CURRENT_THEN_CLOCK, {"p_id": ids[0]})
             if rows:
                 tx.adopt_clock(rows[0].server_now)
@@ -334,7 +343,9 @@ class _Settlements:
             rows = tx.all(_CURRENT, {"p_id": ids[0]})
         else:
             rows = [row for chunk in chunks(ids) for row in tx.all(_CURRENT_MANY, {"p_ids": list(chunk)})]
-        self.current: dict[str, dict[str, Any]] = {row.occurrence_id: _as_dict(row) for row in rows}
+        self.current: dict[str, dict[str, Any]] = (
+            {row.occurrence_id: _as_dict(row) for row in rows} if read is None else read
+        )
         for values in self.current.values():
             values.pop("server_now", None)
         self.updates: list[dict[str, Any]] = []
@@ -424,15 +435,20 @@ class _Settlements:
 
 
 def settle_in(
-    tx: Tx, request: SettleRequest, events: EventLog | None = None, before: Callable[[], None] | None = None
+    tx: Tx,
+    request: SettleRequest,
+    events: EventLog | None = None,
+    before: Callable[[], None] | None = None,
+    read: dict[str, dict[str, Any]] | None = None,
 ) -> Occurrence:
     """Settle the caller's live lease (``SCHEDULER_LEASE_LOST`` for a stale owner, fence or lease).
 
     With ``events`` given, the settlement's event is appended there for the caller to write;
     ``before`` runs once the row is read (locked among concurrent writers), before the lease is
-    judged.
+    judged. ``read``: the row already read and locked (``CURRENT_ROWS`` columns by occurrence
+    id; absent when there is no such occurrence), else it is read here.
     """
-    settlements = _Settlements(tx, [request], events)
+    settlements = _Settlements(tx, [request], events, read)
     if before is not None:
         before()
     occurrence = settlements.settle(request)

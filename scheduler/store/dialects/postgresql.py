@@ -24,6 +24,7 @@ from scheduler.store.dialect import (
     greatest,
     json_text_field,
     server_clock_ms,
+    statement_age_us,
 )
 from scheduler.store.fastpath import FastPath, Prepared
 
@@ -103,6 +104,11 @@ _SERVER_CLOCK_MS: Final = "floor(extract(epoch FROM clock_timestamp()) * 1000)::
 @compiles(server_clock_ms, "postgresql")
 def _server_clock_ms(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
     return _SERVER_CLOCK_MS
+
+
+@compiles(statement_age_us, "postgresql")
+def _statement_age_us(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
+    return "floor(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint"
 
 
 # ----------------------------------------------------------------- transactions

@@ -1,0 +1,114 @@
+"""The first statement of a quiet ``settle_and_claim`` among concurrent writers (PostgreSQL).
+
+One statement does what the cycle's first two did: it locks the settled occurrence and reads
+it with its control, reservation and adjudication (``settlement.CURRENT_ROWS``), reads the
+server clock after that lock, and with that clock as ``now`` reads the queue's heads and locks a
+plain head (``claim_query.build_head_probe_and_lock``)::
+
+    WITH locked_current AS MATERIALIZED (SELECT … FROM occurrences …
+                                         WHERE occurrence_id = :p_id FOR UPDATE OF occurrences),
+         cycle_clock AS MATERIALIZED (SELECT <clock_timestamp() in ms> AS now,
+                                             <µs since the statement began> AS waited_us
+                                      FROM (SELECT count(*) FROM locked_current) AS current_locked),
+         probe AS MATERIALIZED (<the head probe, now = (SELECT now FROM cycle_clock)>),
+         head AS (…), locked AS MATERIALIZED (…)
+    SELECT locked_current.* AS settled_*, cycle_clock.*, heads.*
+    FROM locked_current CROSS JOIN cycle_clock
+         LEFT OUTER JOIN (<heads and the locked head>) AS heads ON true
+
+The clock depends on the settled row being locked, and the probe on the clock, so PostgreSQL
+takes the lock first, then reads the clock (API §8), then the heads. The heads are read on the
+statement's snapshot, taken before the lock: when the lock had to wait (``waited_us`` over
+:data:`MAX_WAIT_US`) other transactions may have committed meanwhile, and the call runs again
+the usual way (``RestartTransaction``) rather than claim on that older snapshot.
+
+Each result row carries the settled row (``settled_<column>``, the same on every row) and one
+probe row (its own column names, ``arm`` NULL when nothing is due), so the rows serve as they
+are as the probe's rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import BigInteger, bindparam, func, select, true
+
+from scheduler.schema import tables as t
+from scheduler.store.claim_query import ClaimFilter, Shape, build_head_probe_and_lock, head_probe_params
+from scheduler.store.dialect import server_clock_ms, statement_age_us
+from scheduler.store.fastpath import Prepared, StoredRow
+from scheduler.store.settlement import CURRENT_ROWS
+from scheduler.store.tx import RestartTransaction, Tx
+
+SETTLED_PREFIX: Final = "settled_"
+MAX_WAIT_US: Final = 2000
+"""A lock wait longer than this (µs from the statement's start to the clock read) means the heads
+were read on a snapshot older than the call's clock by more than a statement's own run time."""
+
+_o = t.occurrences
+
+
+def _build(shape: Shape, server_clock: bool) -> Any:
+    current = (
+        CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
+        .with_for_update(of=_o)
+        .cte("locked_current")
+        .prefix_with("MATERIALIZED")
+    )
+    locked = select(func.count().label("rows")).select_from(current).subquery("current_locked")
+    now = server_clock_ms() if server_clock else bindparam("now", type_=BigInteger())
+    clock = (
+        select(now.label("now"), statement_age_us().label("waited_us"))
+        .select_from(locked)
+        .cte("cycle_clock")
+        .prefix_with("MATERIALIZED")
+    )
+    heads = build_head_probe_and_lock(shape, now=select(clock.c.now).scalar_subquery()).subquery("heads")
+    return select(
+        *[column.label(SETTLED_PREFIX + column.name) for column in current.c],
+        clock.c.now.label(SETTLED_PREFIX + "server_now"),
+        clock.c.waited_us.label(SETTLED_PREFIX + "waited_us"),
+        heads,
+    ).select_from(current.join(clock, true()).outerjoin(heads, true()))
+
+
+@functools.cache
+def _prepared(shape: Shape, server_clock: bool) -> Prepared:
+    return Prepared(_build(shape, server_clock))
+
+
+@dataclass(frozen=True, slots=True)
+class CycleRead:
+    """What the statement read: the settled row's columns (``None``: no such occurrence) and
+    the head probe's rows (with the ``locked_*`` columns of the head it locked)."""
+
+    current: dict[str, Any] | None
+    heads: Sequence[StoredRow]
+
+
+def read_cycle(tx: Tx, occurrence_id: str, claim_filter: ClaimFilter) -> CycleRead:
+    """Run the statement for the settlement of ``occurrence_id`` and a claim with ``claim_filter``;
+    with the server clock (``Tx.clock_unread``), ``tx``'s clock is read after the lock, else the
+    injected clock's sample is ``now``. A restartable transaction only (a long lock wait
+    restarts the call)."""
+    server_clock = tx.clock_unread
+    params = head_probe_params(0 if server_clock else tx.now, claim_filter)
+    if server_clock:
+        del params["now"]  # the statement reads its own clock
+    params["p_id"] = occurrence_id
+    rows = tx.all(_prepared(claim_filter.shape, server_clock), params)
+    if not rows:
+        return CycleRead(None, ())
+    first = rows[0]
+    if getattr(first, SETTLED_PREFIX + "waited_us") > MAX_WAIT_US:
+        raise RestartTransaction
+    if server_clock:
+        tx.adopt_clock(getattr(first, SETTLED_PREFIX + "server_now"))
+    values = first._mapping
+    cut = len(SETTLED_PREFIX)
+    current = {name[cut:]: value for name, value in values.items() if name.startswith(SETTLED_PREFIX)}
+    del current["server_now"], current["waited_us"]
+    return CycleRead(current, [row for row in rows if row.arm is not None])
