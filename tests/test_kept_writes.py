@@ -194,7 +194,7 @@ def test_a_claim_that_meets_a_row_changed_under_its_lock_runs_again_with_savepoi
             shape = claim_query.NO_FILTER.shape
             monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
         else:
-            monkeypatch.setattr(claim_locks, "LOCK_CANDIDATES", _slowed(claim_locks.LOCK_CANDIDATES))
+            monkeypatch.setattr(claim_locks, "LOCK_CANDIDATE_ROWS", _slowed(claim_locks.LOCK_CANDIDATE_ROWS))
             store._claims.took_first(False)  # as after a head another worker held
         with _attempts_of(monkeypatch) as attempts:
             claimed = _claim_while(
@@ -213,19 +213,24 @@ def test_a_claim_that_meets_a_row_changed_under_its_lock_runs_again_with_savepoi
 
 
 @pytest.mark.postgresql
-def test_a_head_claimed_on_its_probed_facts_is_decided_again_when_they_changed(
-    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("path", ["head", "list"])
+def test_a_candidate_claimed_on_its_read_facts_is_decided_again_when_they_changed(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    """The quiet path claims the locked head on its job, control and requeue facts as the probe
-    read them (not read again after the lock); its ``UPDATE`` checks them again. A job disabled
-    between the probe's snapshot and the lock: the ``UPDATE`` writes nothing, the call runs again
-    and finds nothing claimable."""
+    """A single store-owned claim takes the locked candidate on its job, control and requeue facts
+    as its read found them (not read again after the lock); its ``UPDATE`` checks them again. A
+    job disabled between the read's snapshot and the lock: the ``UPDATE`` writes nothing, the call
+    runs again and finds nothing claimable. ``head``/``list``: as above."""
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
         first, second = enqueue(store, 2)
-        probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
-        shape = claim_query.NO_FILTER.shape
-        monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
+        if path == "head":
+            probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
+            shape = claim_query.NO_FILTER.shape
+            monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
+        else:
+            monkeypatch.setattr(claim_locks, "LOCK_CANDIDATE_ROWS", _slowed(claim_locks.LOCK_CANDIDATE_ROWS))
+            store._claims.took_first(False)
         with _attempts_of(monkeypatch) as attempts:
             claimed = _claim_while(
                 store,

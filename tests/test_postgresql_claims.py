@@ -460,6 +460,7 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
     real_all, real_sql = claim_locks.Tx.all, claim_locks.Tx.driver_sql
     names = {
         id(claim_locks.LOCK_CANDIDATES): "lock",
+        id(claim_locks.LOCK_CANDIDATE_ROWS): "lock",
         id(claim_query.head_probe_prepared(claim_query.NO_FILTER)): "head",
         id(claim_query.head_probe_and_lock_prepared(claim_query.NO_FILTER)): "head+lock",
         id(claim_query.claim_next_prepared(claim_query.NO_FILTER)): "list",

@@ -52,7 +52,7 @@ from sqlalchemy import Integer, String, bindparam, case, cast, literal_column, s
 
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.claim_plan import claimable, sort_key, sweepable
+from scheduler.store.claim_plan import claimable, plain, sort_key, sweepable
 from scheduler.store.claim_query import LOCKED_PREFIX, LOCKED_ROWS
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
@@ -84,30 +84,42 @@ def version(occurrence_id: str, fence: int, status: str) -> str:
 
 
 _ids: Any = bindparam("p_ids", expanding=True)
-LOCK_CANDIDATES: Final = Prepared(
-    select(_o.c.occurrence_id, _o.c.fence, _o.c.status)
-    .where(
-        _o.c.occurrence_id.in_(_ids),
-        _o.c.occurrence_id.in_(
-            select(_seen.c.occurrence_id).where(
-                _seen.c.occurrence_id.in_(_ids),
-                _version(_seen).in_(bindparam("p_versions", expanding=True)),
-            )
-        ),
+
+
+def _lock_candidates(*columns: Any) -> Prepared:
+    return Prepared(
+        select(*columns)
+        .where(
+            _o.c.occurrence_id.in_(_ids),
+            _o.c.occurrence_id.in_(
+                select(_seen.c.occurrence_id).where(
+                    _seen.c.occurrence_id.in_(_ids),
+                    _version(_seen).in_(bindparam("p_versions", expanding=True)),
+                )
+            ),
+        )
+        .order_by(
+            case(
+                (_o.c.status == literal_column(f"'{RUNNING}'"), _o.c.lease_expires_at),
+                else_=_o.c.available_at,
+            ),
+            _o.c.scheduled_for,
+            _o.c.occurrence_id,
+        )
+        .limit(bindparam("p_limit", type_=Integer(), literal_execute=True))
+        .with_for_update(skip_locked=True, of=_o),
+        passes_kept_writes=True,
     )
-    .order_by(
-        case((_o.c.status == literal_column(f"'{RUNNING}'"), _o.c.lease_expires_at), else_=_o.c.available_at),
-        _o.c.scheduled_for,
-        _o.c.occurrence_id,
-    )
-    .limit(bindparam("p_limit", type_=Integer(), literal_execute=True))
-    .with_for_update(skip_locked=True, of=_o),
-    passes_kept_writes=True,
-)
+
+
+LOCK_CANDIDATES: Final = _lock_candidates(_o.c.occurrence_id, _o.c.fence, _o.c.status)
 """The first ``p_limit`` of the candidates ``p_ids`` in the seed's order (``claim_plan.sort_key``)
 that no other transaction holds and that had, when the statement began, the fence and status
 they were read with (``p_versions``: :func:`version` of each); each is returned as it is once
 locked."""
+LOCK_CANDIDATE_ROWS: Final = _lock_candidates(*_o.c)
+"""``LOCK_CANDIDATES`` returning every column of each row as locked (a restartable claim of one
+plain candidate is decided on it without reading the row again: :class:`LockedAsProbed`)."""
 LOCK_EXPIRED: Final = Prepared(
     select(_o.c.occurrence_id)
     .where(
@@ -209,6 +221,8 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     savepoint = not tx.restartable
     if savepoint and not tx.claim_savepoint_kept:
         tx.driver_sql(SAVEPOINT)
+    as_locked = not savepoint and count == 1  # one row, decided on its columns as locked
+    statement = LOCK_CANDIDATE_ROWS if as_locked else LOCK_CANDIDATES
     position = {row.occurrence_id: index for index, row in enumerate(candidates)}
     remaining = list(candidates)
     while remaining:
@@ -217,7 +231,7 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
             "p_versions": [version(row.occurrence_id, row.fence, row.status) for row in remaining],
             "p_limit": count,
         }
-        locked = tx.all(LOCK_CANDIDATES, params)
+        locked = tx.all(statement, params)
         if not locked:
             break  # nothing was locked: the transaction is as it was at the savepoint
         seen = len(candidates)
@@ -225,6 +239,12 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
             seen = max(position[row.occurrence_id] for row in locked) + 1
         read = {row.occurrence_id: row for row in remaining}
         unchanged = [row.occurrence_id for row in locked if _as_read(row, read[row.occurrence_id])]
+        if len(unchanged) == len(locked) and as_locked and all(plain(read[key]) for key in unchanged):
+            (row,) = locked
+            claimed = _as_locked(read[row.occurrence_id], row, _ROW_NAMES)
+            if not _still_first(claimed, read[row.occurrence_id], now):
+                raise RestartTransaction  # changed under the lock: the call runs again
+            return [claimed], seen
         if len(unchanged) == len(locked):
             fresh = {row.occurrence_id: row for row in tx.all(LOCKED_ROWS, {"p_ids": sorted(unchanged)})}
             kept = [fresh[key] for key in unchanged if _kept(read[key], fresh, keep)]
@@ -242,6 +262,10 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     # Nothing stays locked, and the savepoint is still established: the next attempt reuses it.
     tx.claim_savepoint_kept = savepoint
     return [], len(candidates)
+
+
+_LOCKED_NAMES: Final = tuple((column.name, LOCKED_PREFIX + column.name) for column in _o.c)
+_ROW_NAMES: Final = tuple((column.name, column.name) for column in _o.c)
 
 
 class LockedAsProbed:
@@ -277,14 +301,25 @@ def locked_head(tx: Tx, rows: Sequence[StoredRow], head: StoredRow | None) -> Lo
         return None
     if head is None or locked.occurrence_id != head.occurrence_id:
         raise RestartTransaction
-    values = dict(head._mapping)
-    for column in _o.c:
-        values[column.name] = getattr(locked, LOCKED_PREFIX + column.name)
-    fresh = LockedAsProbed(values)
-    now = tx.now
-    if not (_as_read(fresh, head) and claimable(fresh, now) and sort_key(fresh) == sort_key(head)):
+    fresh = _as_locked(head, locked, _LOCKED_NAMES)
+    if not _still_first(fresh, head, tx.now):
         raise RestartTransaction
     return fresh
+
+
+def _as_locked(read: StoredRow, locked: StoredRow, names: Sequence[tuple[str, str]]) -> LockedAsProbed:
+    """``read`` with the occurrence columns of ``locked`` (``names``: column, name in ``locked``)."""
+    values = read._mapping
+    if type(values) is not dict:  # a fast-path row's is a fresh dict already
+        values = dict(values)
+    for name, locked_name in names:
+        values[name] = getattr(locked, locked_name)
+    return LockedAsProbed(values)
+
+
+def _still_first(fresh: StoredRow, read: StoredRow, now: int) -> bool:
+    """The row as locked is the version read, claimable at the same place in the seed's order."""
+    return _as_read(fresh, read) and claimable(fresh, now) and sort_key(fresh) == sort_key(read)
 
 
 def _as_read(locked: StoredRow, read: StoredRow) -> bool:

@@ -66,6 +66,18 @@ def keeps_attempt(row: StoredRow) -> bool:
     )
 
 
+def plain(row: StoredRow) -> bool:
+    """A candidate claimable on its row alone: an eligible job, attempts left, no runtime control
+    and no requeue request (what ``claim_query._plain`` tests in SQL; the claim ``UPDATE`` of such
+    a row decided without reading it again re-checks it: ``claim_query.PLAIN_CLAIM_GUARD``)."""
+    return bool(
+        row.job_ok
+        and row.control_state is None
+        and row.retry_request_id is None
+        and row.attempt < row.max_attempts
+    )
+
+
 def sweepable(row: StoredRow) -> bool:
     """An expired final attempt the sweep dead-letters (not while a pause/resume is pending)."""
     return row.attempt >= row.max_attempts and row.control_state not in ATTEMPT_NEUTRAL_CONTROLS

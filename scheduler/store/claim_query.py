@@ -397,7 +397,8 @@ _HEAD_PROBE_PREPARED: Final = {
     shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in _SHAPES
 }
 _HEAD_PROBE_AND_LOCK_PREPARED: Final = {
-    shape: Prepared(build_head_probe_and_lock(shape), passes_kept_writes=True) for shape in _SHAPES
+    shape: Prepared(build_head_probe_and_lock(shape), passes_kept_writes=True, locks=True)
+    for shape in _SHAPES
 }
 CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()

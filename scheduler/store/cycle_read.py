@@ -49,6 +49,7 @@ MAX_WAIT_US: Final = 2000
 were read on a snapshot older than the call's clock by more than a statement's own run time."""
 
 _o = t.occurrences
+_CURRENT_NAMES: Final = tuple(column.name for column in CURRENT_ROWS.selected_columns)
 
 
 def _build(shape: Shape, server_clock: bool) -> Any:
@@ -77,7 +78,7 @@ def _build(shape: Shape, server_clock: bool) -> Any:
 
 @functools.cache
 def _prepared(shape: Shape, server_clock: bool) -> Prepared:
-    return Prepared(_build(shape, server_clock))
+    return Prepared(_build(shape, server_clock), locks=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +108,5 @@ def read_cycle(tx: Tx, occurrence_id: str, claim_filter: ClaimFilter) -> CycleRe
         raise RestartTransaction
     if server_clock:
         tx.adopt_clock(getattr(first, SETTLED_PREFIX + "server_now"))
-    values = first._mapping
-    cut = len(SETTLED_PREFIX)
-    current = {name[cut:]: value for name, value in values.items() if name.startswith(SETTLED_PREFIX)}
-    del current["server_now"], current["waited_us"]
+    current = dict(zip(_CURRENT_NAMES, first, strict=False))  # the first columns, in this order
     return CycleRead(current, [row for row in rows if row.arm is not None])

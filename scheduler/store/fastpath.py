@@ -68,14 +68,18 @@ class Prepared:
 
     __slots__ = ("dml", "locks", "passes_kept_writes", "statement")
 
-    def __init__(self, statement: Executable, *, passes_kept_writes: bool = False) -> None:
+    def __init__(
+        self, statement: Executable, *, passes_kept_writes: bool = False, locks: bool = False
+    ) -> None:
+        """``locks``: the statement writes or locks rows where its top level does not show it
+        (inside a ``WITH``)."""
         self.statement = statement
         self.passes_kept_writes = passes_kept_writes
         """A claim read that may run before writes ``Tx.write_later`` keeps (it reads only rows
         claimable or sweepable at the call's ``now``, and rows it locks itself)."""
         # INSERT/UPDATE/DELETE compile per set of parameter names (like SQLAlchemy's cache key).
         self.dml = isinstance(statement, UpdateBase)
-        self.locks = self.dml or getattr(statement, "_for_update_arg", None) is not None
+        self.locks = locks or self.dml or getattr(statement, "_for_update_arg", None) is not None
         """Running it changes what a rollback to an earlier savepoint would undo (a write or a
         row lock); a plain read does not."""
 

@@ -227,6 +227,7 @@ class Claims:
     """
 
     __slots__ = ("claimed", "events", "expires", "guarded", "owner", "owns_events", "rows", "tx", "updates")
+    # ``guarded``: for each update, whether its row was claimed on facts as probed (LockedAsProbed).
 
     def __init__(self, tx: Tx, owner: str, lease_ms: int, events: EventLog | None = None) -> None:
         self.tx = tx
@@ -236,8 +237,7 @@ class Claims:
         self.events = EventLog(tx) if events is None else events
         self.rows: list[StoredRow] = []
         self.updates: list[dict[str, Any]] = []
-        self.guarded = False
-        """A row was claimed on facts as probed (``LockedAsProbed``): its UPDATE checks them."""
+        self.guarded: list[bool] = []
         self.claimed: list[Occurrence] = []
 
     def claim(self, row: StoredRow, *, targeted: bool) -> None:
@@ -265,7 +265,7 @@ class Claims:
             }
         )
         self.rows.append(row)
-        self.guarded = self.guarded or isinstance(row, LockedAsProbed)
+        self.guarded.append(isinstance(row, LockedAsProbed))
         data: dict[str, Any] = {
             "attempt": attempt,
             "previousOwner": row.lease_owner,
@@ -295,12 +295,18 @@ class Claims:
         if len(self.updates) == 1:
             update = self.updates[0]
             row = (_o.name, update["p_id"])
-            if self.guarded:  # the facts changed after the probe: decide again on a fresh read
+            if self.guarded[0]:  # the facts changed after the probe: decide again on a fresh read
                 tx.write_later(_CLAIM_GUARDED, update, expected=1, conflict=RestartTransaction, row=row)
             else:
                 tx.write_later(_CLAIM, update, expected=1, conflict=_claim_conflict, row=row)
-        elif self.updates and tx.changes(_CLAIM, self.updates) != len(self.updates):
-            raise _claim_conflict()
+        elif self.updates:
+            pairs = list(zip(self.updates, self.guarded, strict=True))
+            checked = [update for update, guarded in pairs if guarded]
+            plain = [update for update, guarded in pairs if not guarded]
+            if plain and tx.changes(_CLAIM, plain) != len(plain):
+                raise _claim_conflict()
+            if checked and tx.changes(_CLAIM_GUARDED, checked) != len(checked):
+                raise RestartTransaction
         for row in self.rows:
             _rebind_control(tx, row, row.fence + 1)
             if row.retry_request_id is not None:

@@ -79,7 +79,7 @@ _LOCKED_CURRENT: Final = (
     .prefix_with("MATERIALIZED")
 )
 _CURRENT_THEN_CLOCK: Final = Prepared(
-    select(_LOCKED_CURRENT, server_clock_ms().label("server_now")).select_from(_LOCKED_CURRENT)
+    select(_LOCKED_CURRENT, server_clock_ms().label("server_now")).select_from(_LOCKED_CURRENT), locks=True
 )
 """``_CURRENT`` and the server clock read after the row is locked (the materialized CTE runs its
 lock before the outer query computes the clock): one round trip fewer per settle on PostgreSQL."""

@@ -115,4 +115,4 @@ def _combined(statements: tuple[Prepared, ...]) -> Prepared:
         name = part_name(index)
         part = _with_prefixed_binds(prepared.statement, name + "_").returning(literal_column("1")).cte(name)
         counts.append(select(func.count()).select_from(part).scalar_subquery().label(name))
-    return Prepared(select(*counts))
+    return Prepared(select(*counts), locks=True)
