@@ -349,3 +349,45 @@ def test_a_cycle_that_waited_for_its_settled_row_reads_the_heads_again(
         assert results[0].claimed is not None and results[0].claimed.id == early.id
     finally:
         store.close()
+
+
+@pytest.mark.postgresql
+def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However short the wait: when the transaction holding the settled row updated it (the cycle
+    sees that newer version) and also enqueued an earlier occurrence, a claim on the older
+    snapshot's heads would miss that occurrence, and no serial order explains both. The locked
+    row's version (``xmin``) differs from the snapshot's, so the call runs again and claims it.
+    (The wait-time test is switched off here, so only the version can tell.)"""
+    from scheduler.store import cycle_read
+
+    monkeypatch.setattr(cycle_read, "MAX_WAIT_US", 10**12)
+    store = open_store(pg_engine, schema=pg_schema)  # the server clock
+    other = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        enqueue(store, 3)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None
+        pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        store.connection.rollback()
+        results: list[Any] = []
+        with _attempts_of(monkeypatch, store) as attempts:
+            with other.transaction() as tx:
+                tx.renew(occurrence_id=held.id, owner_id="w", fence=held.fence, lease_ms=LEASE)
+                settle = {"occurrence_id": held.id, "owner_id": "w", "fence": held.fence}
+                thread = threading.Thread(
+                    target=lambda: results.append(
+                        store.settle_and_claim(**settle, outcome="succeeded", lease_ms=LEASE)
+                    )
+                )
+                thread.start()
+                while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):
+                    assert thread.is_alive(), results
+                early = tx.enqueue_occurrence(job_id="job-1", scheduled_for=T0 - 1000, trigger_key="early")
+            thread.join(30)
+        assert attempts == [True, False]
+        assert results[0].claimed is not None and results[0].claimed.id == early.id
+    finally:
+        other.close()
+        store.close()

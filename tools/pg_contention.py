@@ -5,9 +5,11 @@
 Enqueues ``--occurrences`` due rows in a schema of its own (dropped at the end), starts
 ``--workers`` spawned processes (one store and connection each) that drain the queue with
 ``settle_and_claim``, and prints cycles/s, client and server CPU per cycle (the server must be
-local) and, per cycle, the fast path's statements: all of them, the claim lock statements, and
-the ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements. The figures of the claim-lock changes in
-docs/benchmarks.md came from it. (It wraps the fast path's calls, adding ~2 µs to each.)
+local) and, per cycle, the fast path's statements: all of them, the claim lock statements, the
+``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements, and the calls run again (``restart``: a
+store-owned claim that met a row changed under its lock, ``Tx.restartable``). The figures of
+the claim-lock changes in docs/benchmarks.md came from it. (It wraps the fast path's calls,
+adding ~2 µs to each.)
 """
 
 from __future__ import annotations
@@ -30,16 +32,24 @@ LEASE_MS = 60_000
 
 
 def counted_fast_path(counts: Counter[str]) -> None:
-    """Count every fast-path statement of this process by kind."""
-    from scheduler.store import claim_locks, fastpath
+    """Count every fast-path statement of this process by kind, and the calls run again."""
+    from scheduler.store import claim_locks, fastpath, session
+    from scheduler.store.dialects.sqlite import BEGIN_WRITE
 
     run, driver_sql = fastpath.FastPath.run, fastpath.FastPath.run_driver_sql
+    attempt = session.OwnedRunner._attempt
+    locks = (claim_locks.LOCK_CANDIDATES, claim_locks.LOCK_CANDIDATE_ROWS)
 
     def counting_run(self: Any, conn: Any, prepared: Any, parameters: Any) -> Any:
         counts["statements"] += 1
-        if prepared is claim_locks.LOCK_CANDIDATES:
+        if prepared in locks:
             counts["lock"] += 1
         return run(self, conn, prepared, parameters)
+
+    def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, *, restartable: bool) -> Any:
+        if not restartable and begin == BEGIN_WRITE:
+            counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
+        return attempt(self, operation, begin, sample, restartable=restartable)
 
     def counting_driver_sql(self: Any, conn: Any, sql: str) -> None:
         counts["statements"] += 1
@@ -48,6 +58,7 @@ def counted_fast_path(counts: Counter[str]) -> None:
 
     fastpath.FastPath.run = counting_run  # type: ignore[method-assign]
     fastpath.FastPath.run_driver_sql = counting_driver_sql  # type: ignore[method-assign]
+    session.OwnedRunner._attempt = counting_attempt  # type: ignore[method-assign,assignment]
 
 
 def worker(url: str, schema: str, index: int, go: Any, results: Any, done: Any) -> None:
@@ -129,7 +140,7 @@ def main() -> None:
             f"{sum(report[1] for report in reports) / cycles * 1e6:.0f} µs, server CPU {server} µs, "
             + ", ".join(
                 f"{name} {counts[name] / cycles:.2f}"
-                for name in ("statements", "lock", "savepoint", "rollback")
+                for name in ("statements", "lock", "savepoint", "rollback", "restart")
             )
         )
     finally:

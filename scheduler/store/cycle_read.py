@@ -18,9 +18,16 @@ plain head (``claim_query.build_head_probe_and_lock``)::
 
 The clock depends on the settled row being locked, and the probe on the clock, so PostgreSQL
 takes the lock first, then reads the clock (API §8), then the heads. The heads are read on the
-statement's snapshot, taken before the lock: when the lock had to wait (``waited_us`` over
-:data:`MAX_WAIT_US`) other transactions may have committed meanwhile, and the call runs again
-the usual way (``RestartTransaction``) rather than claim on that older snapshot.
+statement's snapshot, taken before the lock, so the call runs again the usual way
+(``RestartTransaction``) rather than claim on that older snapshot when
+
+* the settled row was updated by a transaction that committed after the snapshot (the row as
+  locked is a newer version than a second reference to it reads: ``dialect.row_version``): the
+  call would otherwise see that transaction's write to the settled row but not its other writes,
+  which no serial order explains; or
+* the lock waited longer than :data:`MAX_WAIT_US` (``waited_us``): other transactions may have
+  committed meanwhile, and the heads should not be older than the call's clock by more than a
+  statement's own run time.
 
 Each result row carries the settled row (``settled_<column>``, the same on every row) and one
 probe row (its own column names, ``arm`` NULL when nothing is due), so the rows serve as they
@@ -38,7 +45,7 @@ from sqlalchemy import BigInteger, bindparam, func, select, true
 
 from scheduler.schema import tables as t
 from scheduler.store.claim_query import ClaimFilter, Shape, build_head_probe_and_lock, head_probe_params
-from scheduler.store.dialect import server_clock_ms, statement_age_us
+from scheduler.store.dialect import row_version, server_clock_ms, statement_age_us
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.settlement import CURRENT_ROWS
 from scheduler.store.tx import RestartTransaction, Tx
@@ -49,12 +56,14 @@ MAX_WAIT_US: Final = 2000
 were read on a snapshot older than the call's clock by more than a statement's own run time."""
 
 _o = t.occurrences
+_as_read = t.occurrences.alias("settled_as_read")
 _CURRENT_NAMES: Final = tuple(column.name for column in CURRENT_ROWS.selected_columns)
 
 
 def _build(shape: Shape, server_clock: bool) -> Any:
     current = (
-        CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
+        CURRENT_ROWS.add_columns(row_version(_o).label("row_version"))
+        .where(_o.c.occurrence_id == bindparam("p_id"))
         .with_for_update(of=_o)
         .cte("locked_current")
         .prefix_with("MATERIALIZED")
@@ -68,8 +77,15 @@ def _build(shape: Shape, server_clock: bool) -> Any:
         .prefix_with("MATERIALIZED")
     )
     heads = build_head_probe_and_lock(shape, now=select(clock.c.now).scalar_subquery()).subquery("heads")
+    as_read = (
+        select(row_version(_as_read))
+        .where(_as_read.c.occurrence_id == bindparam("p_id"))
+        .scalar_subquery()
+        .label(SETTLED_PREFIX + "version_as_read")
+    )
     return select(
         *[column.label(SETTLED_PREFIX + column.name) for column in current.c],
+        as_read,
         clock.c.now.label(SETTLED_PREFIX + "server_now"),
         clock.c.waited_us.label(SETTLED_PREFIX + "waited_us"),
         heads,
@@ -104,7 +120,9 @@ def read_cycle(tx: Tx, occurrence_id: str, claim_filter: ClaimFilter) -> CycleRe
     if not rows:
         return CycleRead(None, ())
     first = rows[0]
-    if getattr(first, SETTLED_PREFIX + "waited_us") > MAX_WAIT_US:
+    if getattr(first, SETTLED_PREFIX + "waited_us") > MAX_WAIT_US or getattr(
+        first, SETTLED_PREFIX + "row_version"
+    ) != getattr(first, SETTLED_PREFIX + "version_as_read"):
         raise RestartTransaction
     if server_clock:
         tx.adopt_clock(getattr(first, SETTLED_PREFIX + "server_now"))

@@ -13,7 +13,8 @@ hold each backend's runtime pieces (begin statements, failure classification, cl
 * :func:`insert_ignoring_conflict` — ``INSERT … ON CONFLICT (cols) DO NOTHING`` (the same text on
   both backends);
 * :class:`server_clock_ms` — the server's clock in epoch ms, and :class:`statement_age_us`, the
-  time since the statement began (PostgreSQL only: SQLite's store samples its clock in Python).
+  time since the statement began (PostgreSQL only: SQLite's store samples its clock in Python);
+* :class:`row_version` — the version of a row the statement read (PostgreSQL only).
 
 Row locks need no construct: ``Select.with_for_update(skip_locked=…)`` renders ``FOR UPDATE …``
 on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers.
@@ -132,6 +133,23 @@ class greatest(FunctionElement[Any]):
     inherit_cache = True
 
 
+class row_version(ColumnElement[str]):
+    """The version of the row of ``table`` (a table or an alias in the statement's FROM) that the
+    statement read (PostgreSQL: its ``xmin``: a row lock keeps it, an update makes a new one). A
+    row locked after another transaction updated it comes back as that newer version, while a
+    second reference to the table still reads the version of the statement's snapshot."""
+
+    __visit_name__ = "scheduler_row_version"
+    inherit_cache = True
+    _traverse_internals: _TraverseInternalsType = [  # noqa: RUF012 - SQLAlchemy's declaration
+        ("table", InternalTraversal.dp_clauseelement),
+    ]
+    type = String()
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+
 class server_clock_ms(FunctionElement[int]):
     """The server's clock in epoch milliseconds, read when the statement computes the value
     (PostgreSQL ``clock_timestamp()``; a statement that needs it after a row lock reads it in
@@ -214,6 +232,7 @@ __all__ = [
     "greatest",
     "insert_ignoring_conflict",
     "json_text_field",
+    "row_version",
     "server_clock_ms",
     "statement_age_us",
 ]

@@ -23,6 +23,7 @@ from scheduler.store.dialect import (
     glob_match,
     greatest,
     json_text_field,
+    row_version,
     server_clock_ms,
     statement_age_us,
 )
@@ -104,6 +105,11 @@ _SERVER_CLOCK_MS: Final = "floor(extract(epoch FROM clock_timestamp()) * 1000)::
 @compiles(server_clock_ms, "postgresql")
 def _server_clock_ms(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
     return _SERVER_CLOCK_MS
+
+
+@compiles(row_version, "postgresql")
+def _row_version(element: row_version, compiler: SQLCompiler, **_kw: Any) -> str:
+    return f"{compiler.preparer.quote(element.table.name)}.xmin::text"
 
 
 @compiles(statement_age_us, "postgresql")
