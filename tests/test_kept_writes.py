@@ -27,6 +27,8 @@ from scheduler.store import claim_locks, claim_query, settlement
 from scheduler.store.fastpath import Prepared
 from scheduler.store.session import OwnedRunner
 
+CAPABILITY = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint", "before_execute"]}
+
 
 @pytest.fixture
 def env(place: StorePlace) -> Iterator[Env]:
@@ -149,10 +151,10 @@ def _attempts_of(monkeypatch: pytest.MonkeyPatch, store: Any = None) -> Iterator
     attempts: list[bool] = []
     real_attempt = OwnedRunner._attempt
 
-    def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, *, restartable: bool) -> Any:
+    def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, **kwargs: Any) -> Any:
         if store is None or self is store._runner:
-            attempts.append(restartable)
-        return real_attempt(self, operation, begin, sample_clock, restartable=restartable)
+            attempts.append(kwargs["restartable"])
+        return real_attempt(self, operation, begin, sample_clock, **kwargs)
 
     monkeypatch.setattr(OwnedRunner, "_attempt", attempt)
     yield attempts
@@ -285,23 +287,128 @@ def _prepared_names(store: Any) -> set[str]:
 
 
 @pytest.mark.postgresql
-def test_a_retry_due_at_once_with_the_server_clock_restarts_and_is_claimed_again(
-    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("retry_at", [None, 1])
+def test_a_retry_due_at_once_with_the_server_clock_is_claimed_again(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch, retry_at: int | None
 ) -> None:
-    """The cycle's first statement reads the heads before the settlement is written; a retry due
-    at once would be one of them, so the call runs again the usual way and claims it again."""
+    """A retry due at once would be one of the heads, so it must be written before they are read.
+    Without ``retry_at`` the cycle reads them after the settlement (the usual way, no restart);
+    with a ``retry_at`` already past the cycle's first statement has read them, and the call runs
+    again the usual way. Either way it claims the same occurrence again."""
     store = open_store(pg_engine, schema=pg_schema)  # the server clock
     try:
         (only,) = enqueue(store, 1)
         held = store.claim_next(owner_id="w", lease_ms=LEASE)
         assert held is not None and held.id == only
-        with _attempts_of(monkeypatch) as attempts:
+        with _attempts_of(monkeypatch, store) as attempts:
             cycle = store.settle_and_claim(
-                occurrence_id=only, owner_id="w", fence=held.fence, outcome="failed", lease_ms=LEASE
+                occurrence_id=only,
+                owner_id="w",
+                fence=held.fence,
+                outcome="failed",
+                retry_at=retry_at,
+                lease_ms=LEASE,
             )
-        assert attempts == [True, False]
+        assert attempts == ([True] if retry_at is None else [True, False])
         assert cycle.settled.status == "retry_wait"
         assert cycle.claimed is not None and (cycle.claimed.id, cycle.claimed.fence) == (only, 2)
+    finally:
+        store.close()
+
+
+def test_a_call_run_again_reads_the_injected_clock_once(env: Env) -> None:
+    """The call read its clock once on SQLite; on PostgreSQL the call that runs again (the retry
+    below is due at once after the cycle's first statement read the heads) keeps that sample,
+    so the results and tables are the same as on SQLite."""
+    env.job(max_attempts=3)
+    held = env.running()
+    env.tick()
+    reads = env.clock_reads
+    cycle = env.store.settle_and_claim(
+        occurrence_id=held.id,
+        owner_id="w1",
+        fence=held.fence,
+        outcome="failed",
+        retry_at=env.now - 5,
+        lease_ms=5000,
+    )
+    assert env.clock_reads == reads + 1
+    assert cycle.settled.updated_at == env.now and cycle.claimed is not None
+    assert (cycle.claimed.id, cycle.claimed.lease_expires_at) == (held.id, env.now + 5000)
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("call", ["settle", "settle_and_claim"])
+def test_a_settlement_that_waited_behind_a_pause_request_sees_it(
+    pg_engine: Engine, pg_schema: str, call: str
+) -> None:
+    """A settle's read locks the occurrence and reads its control in one statement, on the
+    snapshot taken before it waited for that lock: a pause request committed meanwhile (its
+    writer holds the occurrence row) was missed, leaving ``pause_requested`` on a finished
+    occurrence. The settle ``UPDATE`` checks there is still no control row; one appeared, so the
+    call runs again, sees it and terminalizes it, as in the serial order pause, then settle."""
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    pauser = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        first, _second = enqueue(store, 2)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None and held.id == first
+        pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        store.connection.rollback()
+        results: list[Any] = []
+        settle = {"occurrence_id": first, "owner_id": "w", "fence": held.fence, "outcome": "succeeded"}
+        with pauser.transaction() as tx:
+            tx.request_occurrence_pause(
+                occurrence_id=first, expected_fence=held.fence, request_id="pause-1", capability=CAPABILITY
+            )
+            run = (
+                (lambda: results.append(store.settle(**settle)))
+                if call == "settle"
+                else (lambda: results.append(store.settle_and_claim(**settle, lease_ms=LEASE)))
+            )
+            thread = threading.Thread(target=run)
+            thread.start()
+            while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):
+                assert thread.is_alive(), results
+        thread.join(30)
+        assert len(results) == 1
+        control = store.get_occurrence_control(first)
+        assert control is not None and control.state == "terminal"
+        events = [event.to_dict() for event in store.history(occurrence_id=first)]
+        settled = [event for event in events if event["type"] == "occurrence_succeeded"]
+        assert [event["data"].get("runtimeControlTerminalized") for event in settled] == [True]
+    finally:
+        pauser.close()
+        store.close()
+
+
+@pytest.mark.postgresql
+def test_a_cycle_that_loses_its_lease_holds_no_head(
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cycle's first statement locks the head only for a settlement that holds its lease, so a
+    call that ends in ``SCHEDULER_LEASE_LOST`` never keeps another worker from the head, even for
+    the moment before it rolls back (checked from another connection while the lease is judged)."""
+    store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
+    try:
+        made = enqueue(store, 3)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None and held.id == made[0]
+        free_while_judged: list[bool] = []
+        real_lease_held = settlement._lease_held
+
+        def lease_held(row: Any, request: Any, now: int) -> bool:
+            free_while_judged.append(_row_lock_free(pg_engine, pg_schema, made[1]))
+            return bool(real_lease_held(row, request, now))
+
+        monkeypatch.setattr(settlement, "_lease_held", lease_held)
+        expect_error(
+            "SCHEDULER_LEASE_LOST",
+            lambda: store.settle_and_claim(
+                occurrence_id=held.id, owner_id="w", fence=held.fence + 1, outcome="succeeded", lease_ms=LEASE
+            ),
+        )
+        assert free_while_judged == [True]
     finally:
         store.close()
 

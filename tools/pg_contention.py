@@ -46,10 +46,10 @@ def counted_fast_path(counts: Counter[str]) -> None:
             counts["lock"] += 1
         return run(self, conn, prepared, parameters)
 
-    def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, *, restartable: bool) -> Any:
-        if not restartable and begin == BEGIN_WRITE:
+    def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
+        if not kwargs["restartable"] and begin == BEGIN_WRITE:
             counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
-        return attempt(self, operation, begin, sample, restartable=restartable)
+        return attempt(self, operation, begin, sample, **kwargs)
 
     def counting_driver_sql(self: Any, conn: Any, sql: str) -> None:
         counts["statements"] += 1

@@ -322,12 +322,15 @@ def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
     return replaced
 
 
-def build_head_probe_and_lock(shape: Shape, now: ColumnElement[Any] | None = None) -> Select[Any]:
+def build_head_probe_and_lock(
+    shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
+) -> Select[Any]:
     """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
     nothing expired is to be acted on and the head is :func:`_plain` (what the probe's reader
     would then lock next). Every probe row comes back with the ``locked_*`` columns of the row
     as locked (its newest version; NULL where nothing was locked) and ``head_plain``. ``now``:
-    an expression for the call's time in place of the bind ``:now``."""
+    an expression for the call's time in place of the bind ``:now``; ``lock_if``: a further
+    condition for locking the head."""
     heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
     probe = heads.cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
@@ -345,7 +348,7 @@ def build_head_probe_and_lock(shape: Shape, now: ColumnElement[Any] | None = Non
     locked = (
         select(*occurrences.c)
         .select_from(occurrences.join(head, occurrences.c.occurrence_id == head.c.occurrence_id))
-        .where(head.c.plain)
+        .where(head.c.plain if lock_if is None else and_(head.c.plain, lock_if))
         .with_for_update(of=occurrences, skip_locked=True)
         .cte("locked")
         .prefix_with("MATERIALIZED")

@@ -41,8 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, bindparam, func, select, true
+from sqlalchemy import BigInteger, bindparam, exists, func, literal_column, select, true
 
+from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.claim_query import ClaimFilter, Shape, build_head_probe_and_lock, head_probe_params
 from scheduler.store.dialect import row_version, server_clock_ms, statement_age_us
@@ -76,7 +77,16 @@ def _build(shape: Shape, server_clock: bool) -> Any:
         .cte("cycle_clock")
         .prefix_with("MATERIALIZED")
     )
-    heads = build_head_probe_and_lock(shape, now=select(clock.c.now).scalar_subquery()).subquery("heads")
+    clock_now = select(clock.c.now).scalar_subquery()
+    # The head is locked only for a settlement that holds its lease (settlement._lease_held): a
+    # call that fails with SCHEDULER_LEASE_LOST never holds a row it does not claim.
+    lease_held = exists().where(
+        current.c.status == literal_column(f"'{RUNNING}'"),
+        current.c.lease_owner == bindparam("p_owner"),
+        current.c.fence == bindparam("p_fence"),
+        current.c.lease_expires_at > clock_now,
+    )
+    heads = build_head_probe_and_lock(shape, now=clock_now, lock_if=lease_held).subquery("heads")
     as_read = (
         select(row_version(_as_read))
         .where(_as_read.c.occurrence_id == bindparam("p_id"))
@@ -106,8 +116,9 @@ class CycleRead:
     heads: Sequence[StoredRow]
 
 
-def read_cycle(tx: Tx, occurrence_id: str, claim_filter: ClaimFilter) -> CycleRead:
-    """Run the statement for the settlement of ``occurrence_id`` and a claim with ``claim_filter``;
+def read_cycle(tx: Tx, occurrence_id: str, owner_id: str, fence: int, claim_filter: ClaimFilter) -> CycleRead:
+    """Run the statement for the settlement of ``occurrence_id`` (held by ``owner_id`` at ``fence``)
+    and a claim with ``claim_filter``;
     with the server clock (``Tx.clock_unread``), ``tx``'s clock is read after the lock, else the
     injected clock's sample is ``now``. A restartable transaction only (a long lock wait
     restarts the call)."""
@@ -116,6 +127,8 @@ def read_cycle(tx: Tx, occurrence_id: str, claim_filter: ClaimFilter) -> CycleRe
     if server_clock:
         del params["now"]  # the statement reads its own clock
     params["p_id"] = occurrence_id
+    params["p_owner"] = owner_id
+    params["p_fence"] = fence
     rows = tx.all(_prepared(claim_filter.shape, server_clock), params)
     if not rows:
         return CycleRead(None, ())

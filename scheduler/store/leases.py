@@ -490,8 +490,11 @@ def settle_and_claim_in(
 
     probed: Sequence[StoredRow] | None = None
     read: dict[str, dict[str, Any]] | None = None
-    if tx.restartable and contention is not None and contention.probe_first:
-        cycle = read_cycle(tx, request.occurrence_id, claim_filter)  # settle's read and the heads at once
+    # A retry due at once would be one of the heads: such a settlement reads them after it.
+    retry_now = not request.succeeded and request.retryable and request.retry_at is None
+    if tx.restartable and contention is not None and contention.probe_first and not retry_now:
+        # settle's read and the heads at once
+        cycle = read_cycle(tx, request.occurrence_id, request.owner_id, request.fence, claim_filter)
         read = {} if cycle.current is None else {request.occurrence_id: cycle.current}
         probed = cycle.heads
     settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease, read=read)

@@ -174,12 +174,24 @@ class _Base:
         fast = self.fastpath
         return fast if fast is not None and fast.usable(self.conn) else None
 
-    def _tx(self, sample_clock: bool, fast: FastPath | None, *, restartable: bool = False) -> Tx:
+    def _tx(
+        self,
+        sample_clock: bool,
+        fast: FastPath | None,
+        *,
+        restartable: bool = False,
+        clock_sample: int | None = None,
+    ) -> Tx:
+        """``clock_sample``: the injected clock's sample of the call's first attempt, for the call
+        run again (the call reads an injected clock once; the server clock is read again after the
+        new attempt's locks)."""
         now: int | None = None
         sampler: Clock | None = None
         if self.clock is SERVER_CLOCK:
             conn, now_of = self.conn, self.dialect.server_now
             sampler = lambda: now_of(conn, fast)  # noqa: E731 - read lazily, after the rows are locked
+        elif clock_sample is not None:
+            now = clock_sample
         else:
             now = read_clock(self.clock) if sample_clock else 0
         dialect = self.dialect
@@ -282,13 +294,22 @@ class OwnedRunner(_Base):
         restartable = begin == BEGIN_WRITE and self.dialect.CONCURRENT_WRITERS
         try:
             return self._attempt(operation, begin, sample_clock, restartable=restartable)
-        except RestartTransaction:
-            return self._attempt(operation, begin, sample_clock, restartable=False)
+        except RestartTransaction as restart:
+            return self._attempt(
+                operation, begin, sample_clock, restartable=False, clock_sample=restart.clock_sample
+            )
 
     def _attempt(
-        self, operation: Callable[[Tx], T], begin: str, sample_clock: bool, *, restartable: bool
+        self,
+        operation: Callable[[Tx], T],
+        begin: str,
+        sample_clock: bool,
+        *,
+        restartable: bool,
+        clock_sample: int | None = None,
     ) -> T:
         returned = False
+        tx: Tx | None = None
         self._prepare_driver()
         fast = self._usable_fastpath()
         # With the fast path the transaction is the driver's own (BEGIN … COMMIT on it): the
@@ -296,7 +317,7 @@ class OwnedRunner(_Base):
         transaction = None if fast is not None else self.conn.begin()
         try:
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
-            tx = self._tx(sample_clock, fast, restartable=restartable)
+            tx = self._tx(sample_clock, fast, restartable=restartable, clock_sample=clock_sample)
             result = operation(tx)
             tx.flush_writes()
             self._notify_if_woken(wakes_workers(tx.events))
@@ -307,7 +328,10 @@ class OwnedRunner(_Base):
             return result
         except BaseException as error:
             closed = self._rollback(transaction or self.conn.get_transaction())
-            if isinstance(error, (SchedulerKernelError, RestartTransaction)):
+            if isinstance(error, RestartTransaction):
+                error.clock_sample = None if tx is None else tx.clock_sample
+                raise
+            if isinstance(error, SchedulerKernelError):
                 raise
             # Once the body returned, COMMIT may have been applied: only a failure before it,
             # with the transaction provably closed, is "not_committed" (seed: _write).

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import and_, bindparam, select, update
+from sqlalchemy import and_, bindparam, exists, select, update
 
 from scheduler.contract.canonical import JSON, canonical_json, normalize_and_encode_json
 from scheduler.contract.constants import DEAD_LETTER, RETRY_WAIT, RUNNING, SUCCEEDED
@@ -29,7 +29,7 @@ from scheduler.store.occurrence_rows import (
 )
 from scheduler.store.records import Occurrence
 from scheduler.store.telemetry import log_lease_lost
-from scheduler.store.tx import Tx
+from scheduler.store.tx import RestartTransaction, Tx
 
 DEFAULT_ERROR: Final = {"code": "execution_failed", "message": "Execution failed"}
 SETTLE_FIELDS: Final = frozenset(
@@ -86,7 +86,7 @@ lock before the outer query computes the clock): one round trip fewer per settle
 _CURRENT_MANY: Final = Prepared(
     CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))).with_for_update(of=_o)
 )
-_SETTLE: Final = Prepared(
+_SETTLE_UPDATE: Final = (
     update(_o)
     .where(
         and_(
@@ -108,6 +108,22 @@ _SETTLE: Final = Prepared(
         settled_at=bindparam("p_settled"),
     )
 )
+_SETTLE: Final = Prepared(_SETTLE_UPDATE)
+
+
+_NO_AUX_ROWS: Final = and_(
+    *(~exists().where(table.c.occurrence_id == _o.c.occurrence_id) for table in (_c, _res, _adj))
+)
+_SETTLE_GUARDED: Final = Prepared(_SETTLE_UPDATE.where(_NO_AUX_ROWS))
+"""``_SETTLE`` of a row read without a control, reservation or adjudication, checking there still
+is none.
+
+Their writers lock the occurrence row first, but a read that locks the row in the same statement
+reads the joined rows on the snapshot taken before it waited for that lock: a pause request
+committed meanwhile would be missed (the control left ``pause_requested`` on a settled row). The
+``UPDATE`` runs after the lock, so it sees them as they are; where one appeared, it writes nothing
+and the (restartable) call runs again. (A row that was read is written by the settlement with a
+compare-and-set of its own.)"""
 _REBIND_RESUMED: Final = Prepared(
     update(_c)
     .where(
@@ -315,6 +331,16 @@ def _event_data(
     return data
 
 
+def _without_aux_rows(current: Mapping[str, Any]) -> bool:
+    """No control, reservation or adjudication row was read with the occurrence (each has a
+    NOT NULL ``state``/``status``)."""
+    return (
+        current["control_state"] is None
+        and current["reservation_status"] is None
+        and current["adjudication_status"] is None
+    )
+
+
 def _as_dict(row: Any) -> dict[str, Any]:
     """A row's columns as a dict of its own (a fast-path row's ``_mapping`` already is one)."""
     values = row._mapping
@@ -418,13 +444,17 @@ class _Settlements:
             update = self.updates[0]
             identifier = update["p_id"]
             due = update["p_status"] == RETRY_WAIT and update["p_available"] <= update["p_now"]
+            statement = _SETTLE
+            conflict: Callable[[], Exception] = lambda: lease_lost(identifier)  # noqa: E731
+            if self.tx.restartable and _without_aux_rows(self.current[identifier]):
+                statement, conflict = _SETTLE_GUARDED, RestartTransaction
             # The row ran under this call's live lease (no claim read returns it); unless the
             # retry is due at once, no claim read returns it afterwards either.
             self.tx.write_later(
-                _SETTLE,
+                statement,
                 update,
                 expected=1,
-                conflict=lambda: lease_lost(identifier),
+                conflict=conflict,
                 row=(_o.name, identifier),
                 claim_reads_may_pass=not due,
             )

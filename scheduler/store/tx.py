@@ -44,8 +44,11 @@ EVENT_INSERT: Final = Prepared(insert(t.events))
 
 class RestartTransaction(Exception):
     """Raised inside a restartable transaction (``Tx.restartable``) where a claim would need a
-    savepoint it did not take: the runner rolls the transaction back and runs the call again,
-    with savepoints. Never reaches a caller."""
+    savepoint it did not take, or where what it decided on changed under it: the runner rolls the
+    transaction back and runs the call again, with savepoints and the same injected clock sample
+    (``clock_sample``, set by the runner). Never reaches a caller."""
+
+    clock_sample: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,11 @@ class Tx:
                 raise RuntimeError("this transaction was opened without a clock sample")
             now = self._now = read_clock(self._sampler)
         return now
+
+    @property
+    def clock_sample(self) -> int | None:
+        """The injected clock's sample of this call (``None`` with the server clock)."""
+        return self._now if self._sampler is None else None
 
     @property
     def clock_unread(self) -> bool:
