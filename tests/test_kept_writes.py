@@ -338,34 +338,43 @@ def test_a_call_run_again_reads_the_injected_clock_once(env: Env) -> None:
 
 
 @pytest.mark.postgresql
-@pytest.mark.parametrize("call", ["settle", "settle_and_claim"])
+@pytest.mark.parametrize("call", ["settle", "settle_and_claim", "settle_many", "in_a_block"])
 def test_a_settlement_that_waited_behind_a_pause_request_sees_it(
     pg_engine: Engine, pg_schema: str, call: str
 ) -> None:
     """A settle's read locks the occurrence and reads its control in one statement, on the
     snapshot taken before it waited for that lock: a pause request committed meanwhile (its
     writer holds the occurrence row) was missed, leaving ``pause_requested`` on a finished
-    occurrence. The settle ``UPDATE`` checks there is still no control row; one appeared, so the
-    call runs again, sees it and terminalizes it, as in the serial order pause, then settle."""
+    occurrence. A store-owned single settle's ``UPDATE`` checks there is still no control row
+    (one appeared: the call runs again); ``settle_many`` and a settle inside a ``transaction()``
+    block lock the rows before they read them. Either way the settle sees the request and
+    terminalizes it, as in the serial order pause, then settle."""
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     pauser = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
-        first, _second = enqueue(store, 2)
-        held = store.claim_next(owner_id="w", lease_ms=LEASE)
-        assert held is not None and held.id == first
+        first, second = enqueue(store, 2)
+        held, other = store.claim_batch(owner_id="w", lease_ms=LEASE, limit=2)
+        assert (held.id, other.id) == (first, second)
         pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         store.connection.rollback()
         results: list[Any] = []
         settle = {"occurrence_id": first, "owner_id": "w", "fence": held.fence, "outcome": "succeeded"}
+        also = {**settle, "occurrence_id": second, "fence": other.fence}
         with pauser.transaction() as tx:
             tx.request_occurrence_pause(
                 occurrence_id=first, expected_fence=held.fence, request_id="pause-1", capability=CAPABILITY
             )
-            run = (
-                (lambda: results.append(store.settle(**settle)))
-                if call == "settle"
-                else (lambda: results.append(store.settle_and_claim(**settle, lease_ms=LEASE)))
-            )
+            def run() -> None:
+                if call == "settle":
+                    results.append(store.settle(**settle))
+                elif call == "settle_and_claim":
+                    results.append(store.settle_and_claim(**settle, lease_ms=LEASE))
+                elif call == "settle_many":
+                    results.append(store.settle_many([settle, also]))
+                else:
+                    with store.transaction() as block:
+                        results.append(block.settle(**settle))
+
             thread = threading.Thread(target=run)
             thread.start()
             while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):

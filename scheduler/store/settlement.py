@@ -86,6 +86,18 @@ lock before the outer query computes the clock): one round trip fewer per settle
 _CURRENT_MANY: Final = Prepared(
     CURRENT_ROWS.where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))).with_for_update(of=_o)
 )
+_LOCK_SETTLED: Final = Prepared(
+    select(_o.c.occurrence_id)
+    .where(_o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
+    .order_by(_o.c.occurrence_id)
+    .with_for_update()
+)
+"""The occurrences a settlement will read, locked in id order before they are read (PostgreSQL).
+
+A read that locks the rows and joins their control, reservation and adjudication in one
+statement reads the joined rows on the snapshot taken before it waited for a lock: what the
+transaction it waited for wrote there (a pause request, whose writer holds the occurrence row)
+would be missed. Read after this statement, they are as that transaction left them."""
 _SETTLE_UPDATE: Final = (
     update(_o)
     .where(
@@ -359,6 +371,11 @@ class _Settlements:
     ) -> None:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
+        if read is None and tx.concurrent and not (len(ids) == 1 and tx.restartable):
+            # Lock first, read after: see _LOCK_SETTLED (a restartable single settle checks
+            # with _SETTLE_GUARDED instead, saving the statement).
+            for chunk in chunks(sorted(ids)):
+                tx.all(_LOCK_SETTLED, {"p_ids": list(chunk)})
         if read is not None:
             rows: Sequence[Any] = ()
         elif len(ids) == 1 and tx.clock_unread:
