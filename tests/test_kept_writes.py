@@ -160,6 +160,30 @@ def _attempts_of(monkeypatch: pytest.MonkeyPatch, store: Any = None) -> Iterator
     yield attempts
 
 
+def _started_until_it_waits(
+    engine: Engine, pid: int, call: Callable[[], Any], results: list[Any]
+) -> threading.Thread:
+    """``call`` running in a thread (its result appended to ``results``), once the store's
+    backend ``pid`` waits for a row lock."""
+    thread = threading.Thread(target=lambda: results.append(call()))
+    thread.start()
+    while _wait_event(engine, pid) not in ("tuple", "transactionid"):
+        assert thread.is_alive(), results
+    return thread
+
+
+def _slow_the_lock(monkeypatch: pytest.MonkeyPatch, store: Any, path: str) -> None:
+    """Slow the statement that locks a claim's candidate on ``path`` (``head``: the quiet path's
+    heads read and locked at once; ``list``: the contended path's lock, the store set to it)."""
+    if path == "head":
+        probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
+        shape = claim_query.NO_FILTER.shape
+        monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
+    else:
+        monkeypatch.setattr(claim_locks, "LOCK_CANDIDATE_ROWS", _slowed(claim_locks.LOCK_CANDIDATE_ROWS))
+        store._claims.took_first(False)  # as after a head another worker held
+
+
 def _claim_while(store: Any, engine: Engine, change: Callable[[Connection], None]) -> Any:
     """``claim_next`` on ``store``, with ``change`` committed by another connection while the
     claim's (slowed) lock statement sleeps."""
@@ -187,17 +211,11 @@ def test_a_claim_that_meets_a_row_changed_under_its_lock_runs_again_with_savepoi
     commit lands in between), the claim cannot release that one lock: the whole call is rolled
     back and run again, that time with savepoints, and claims as the seed would on the new rows.
     ``head``: the quiet path (heads read and locked in one statement); ``list``: the path among
-    contending workers (the candidate list, then ``LOCK_CANDIDATES``)."""
+    contending workers (the candidate list, then ``LOCK_CANDIDATE_ROWS``)."""
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
         first, second = enqueue(store, 2)
-        if path == "head":
-            probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
-            shape = claim_query.NO_FILTER.shape
-            monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
-        else:
-            monkeypatch.setattr(claim_locks, "LOCK_CANDIDATE_ROWS", _slowed(claim_locks.LOCK_CANDIDATE_ROWS))
-            store._claims.took_first(False)  # as after a head another worker held
+        _slow_the_lock(monkeypatch, store, path)
         with _attempts_of(monkeypatch) as attempts:
             claimed = _claim_while(
                 store,
@@ -226,13 +244,7 @@ def test_a_candidate_claimed_on_its_read_facts_is_decided_again_when_they_change
     store = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
     try:
         first, second = enqueue(store, 2)
-        if path == "head":
-            probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
-            shape = claim_query.NO_FILTER.shape
-            monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
-        else:
-            monkeypatch.setattr(claim_locks, "LOCK_CANDIDATE_ROWS", _slowed(claim_locks.LOCK_CANDIDATE_ROWS))
-            store._claims.took_first(False)
+        _slow_the_lock(monkeypatch, store, path)
         with _attempts_of(monkeypatch) as attempts:
             claimed = _claim_while(
                 store,
@@ -364,21 +376,17 @@ def test_a_settlement_that_waited_behind_a_pause_request_sees_it(
             tx.request_occurrence_pause(
                 occurrence_id=first, expected_fence=held.fence, request_id="pause-1", capability=CAPABILITY
             )
-            def run() -> None:
+            def run() -> Any:
                 if call == "settle":
-                    results.append(store.settle(**settle))
-                elif call == "settle_and_claim":
-                    results.append(store.settle_and_claim(**settle, lease_ms=LEASE))
-                elif call == "settle_many":
-                    results.append(store.settle_many([settle, also]))
-                else:
-                    with store.transaction() as block:
-                        results.append(block.settle(**settle))
+                    return store.settle(**settle)
+                if call == "settle_and_claim":
+                    return store.settle_and_claim(**settle, lease_ms=LEASE)
+                if call == "settle_many":
+                    return store.settle_many([settle, also])
+                with store.transaction() as block:
+                    return block.settle(**settle)
 
-            thread = threading.Thread(target=run)
-            thread.start()
-            while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):
-                assert thread.is_alive(), results
+            thread = _started_until_it_waits(pg_engine, pid, run, results)
         thread.join(30)
         assert len(results) == 1
         control = store.get_occurrence_control(first)
@@ -445,14 +453,12 @@ def test_a_cycle_that_waited_for_its_settled_row_reads_the_heads_again(
                 )
                 results: list[Any] = []
                 settle = {"occurrence_id": held.id, "owner_id": "w", "fence": held.fence}
-                thread = threading.Thread(
-                    target=lambda: results.append(
-                        store.settle_and_claim(**settle, outcome="succeeded", lease_ms=LEASE)
-                    )
+                thread = _started_until_it_waits(
+                    pg_engine,
+                    pid,
+                    lambda: store.settle_and_claim(**settle, outcome="succeeded", lease_ms=LEASE),
+                    results,
                 )
-                thread.start()
-                while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):
-                    assert thread.is_alive(), results
                 other = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
                 try:
                     early = other.enqueue_occurrence(
@@ -492,14 +498,12 @@ def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again
             with other.transaction() as tx:
                 tx.renew(occurrence_id=held.id, owner_id="w", fence=held.fence, lease_ms=LEASE)
                 settle = {"occurrence_id": held.id, "owner_id": "w", "fence": held.fence}
-                thread = threading.Thread(
-                    target=lambda: results.append(
-                        store.settle_and_claim(**settle, outcome="succeeded", lease_ms=LEASE)
-                    )
+                thread = _started_until_it_waits(
+                    pg_engine,
+                    pid,
+                    lambda: store.settle_and_claim(**settle, outcome="succeeded", lease_ms=LEASE),
+                    results,
                 )
-                thread.start()
-                while _wait_event(pg_engine, pid) not in ("tuple", "transactionid"):
-                    assert thread.is_alive(), results
                 early = tx.enqueue_occurrence(job_id="job-1", scheduled_for=T0 - 1000, trigger_key="early")
             thread.join(30)
         assert attempts == [True, False]
