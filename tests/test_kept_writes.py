@@ -511,3 +511,20 @@ def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again
     finally:
         other.close()
         store.close()
+
+
+@pytest.mark.parametrize("server_clock", [True, False])
+def test_the_cycle_statement_renders_without_a_dialect(server_clock: bool) -> None:
+    """``str()`` of the cycle's first statement (the diagnostic tools name statements so) renders
+    each PostgreSQL-only construct by name; SQLite refuses them."""
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.exc import CompileError
+
+    from scheduler.store import cycle_read
+
+    statement = cycle_read._prepared(claim_query.NO_FILTER.shape, server_clock).statement
+    text_of = str(statement)
+    assert "row_version(occurrences)" in text_of and "statement_age_us()" in text_of
+    assert ("server_clock_ms()" in text_of) == server_clock
+    with pytest.raises(CompileError):
+        statement.compile(dialect=sqlite.dialect())

@@ -169,6 +169,16 @@ class statement_age_us(FunctionElement[int]):
     type = BigInteger()
 
 
+@compiles(row_version)
+def _row_version_as_named(element: row_version, compiler: SQLCompiler, **_kw: Any) -> str:
+    return f"row_version({element.table.name})"  # str(statement); each backend renders its own
+
+
+@compiles(row_version, "sqlite")
+def _no_row_version(element: row_version, compiler: SQLCompiler, **_kw: Any) -> str:
+    raise CompileError("the SQLite store reads no row versions (one writer at a time)")
+
+
 @compiles(statement_age_us)
 def _statement_age_as_named(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
     return "statement_age_us()"
