@@ -216,7 +216,7 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     now = tx.now
 
     def keep(read: StoredRow, fresh: StoredRow) -> bool:
-        return claimable(fresh, now) and sort_key(fresh) == sort_key(read)
+        return _same_place(fresh, read, now)
 
     savepoint = not tx.restartable
     if savepoint and not tx.claim_savepoint_kept:
@@ -319,7 +319,12 @@ def _as_locked(read: StoredRow, locked: StoredRow, names: Sequence[tuple[str, st
 
 def _still_first(fresh: StoredRow, read: StoredRow, now: int) -> bool:
     """The row as locked is the version read, claimable at the same place in the seed's order."""
-    return _as_read(fresh, read) and claimable(fresh, now) and sort_key(fresh) == sort_key(read)
+    return _as_read(fresh, read) and _same_place(fresh, read, now)
+
+
+def _same_place(fresh: StoredRow, read: StoredRow, now: int) -> bool:
+    """The fresh row is claimable at the place in the seed's order the read row had."""
+    return claimable(fresh, now) and sort_key(fresh) == sort_key(read)
 
 
 def _as_read(locked: StoredRow, read: StoredRow) -> bool:

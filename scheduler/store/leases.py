@@ -28,7 +28,7 @@ from scheduler.store.claim_locks import (
     locked_head,
     locked_sweep,
 )
-from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, probed_plan, read_plan
+from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, read_plan
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     PAUSE_REQUESTED,
@@ -38,6 +38,7 @@ from scheduler.store.claim_query import (
     claim_occurrence_params,
     head_probe_and_lock_prepared,
     head_probe_params,
+    head_probe_prepared,
 )
 from scheduler.store.cycle_read import read_cycle
 from scheduler.store.dialect import greatest
@@ -292,21 +293,18 @@ class Claims:
     def write(self) -> list[Occurrence]:
         """The claim UPDATEs (one executemany), control and requeue bookkeeping, then the events."""
         tx = self.tx
-        if len(self.updates) == 1:
-            update = self.updates[0]
-            row = (_o.name, update["p_id"])
-            if self.guarded[0]:  # the facts changed after the probe: decide again on a fresh read
-                tx.write_later(_CLAIM_GUARDED, update, expected=1, conflict=RestartTransaction, row=row)
-            else:
-                tx.write_later(_CLAIM, update, expected=1, conflict=_claim_conflict, row=row)
-        elif self.updates:
-            pairs = list(zip(self.updates, self.guarded, strict=True))
-            checked = [update for update, guarded in pairs if guarded]
-            plain = [update for update, guarded in pairs if not guarded]
-            if plain and tx.changes(_CLAIM, plain) != len(plain):
-                raise _claim_conflict()
-            if checked and tx.changes(_CLAIM_GUARDED, checked) != len(checked):
-                raise RestartTransaction
+        pairs = list(zip(self.updates, self.guarded, strict=True))
+        # A row claimed on its probed facts whose UPDATE finds them changed: the call decides
+        # again on a fresh read (RestartTransaction).
+        for statement, conflict, updates in (
+            (_CLAIM, _claim_conflict, [params for params, guarded in pairs if not guarded]),
+            (_CLAIM_GUARDED, RestartTransaction, [params for params, guarded in pairs if guarded]),
+        ):
+            if len(updates) == 1:
+                row = (_o.name, updates[0]["p_id"])
+                tx.write_later(statement, updates[0], expected=1, conflict=conflict, row=row)
+            elif updates and tx.changes(statement, updates) != len(updates):
+                raise conflict()
         for row in self.rows:
             _rebind_control(tx, row, row.fence + 1)
             if row.retry_request_id is not None:
@@ -391,30 +389,23 @@ def _claim_head(
     (expired leases to act on, a head not claimable, or a head another worker holds)."""
     if not contention.probe_first and probed is None:
         return False
-    if not tx.restartable:
-        plan = probed_plan(tx, claim_filter)
-        if plan is None:
-            return False
-        head = plan.next_candidate()
-        if head is None:
-            return True  # nothing is due
-        locked, _seen = lock_candidates(tx, [head], 1)
+    # A restartable claim reads the heads and locks a plain head in one statement
+    # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
+    rows = probed
+    if rows is None:
+        probe = head_probe_and_lock_prepared if tx.restartable else head_probe_prepared
+        rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
+    plan = head_plan(rows, tx.now)
+    head = None if plan is None else plan.next_candidate()
+    fresh = locked_head(tx, rows, head) if tx.restartable else None
+    if head is None:
+        return plan is not None  # nothing is due, or read the full list
+    if fresh is not None:
+        locked = [fresh]
+    elif tx.restartable and rows[0].head_plain:
+        locked = []  # another transaction holds the head
     else:
-        # One statement reads the heads and locks a plain head (claim_query._plain).
-        rows = probed
-        if rows is None:
-            rows = tx.all(head_probe_and_lock_prepared(claim_filter), head_probe_params(tx.now, claim_filter))
-        plan = head_plan(rows, tx.now)
-        head = None if plan is None else plan.next_candidate()
-        fresh = locked_head(tx, rows, head)
-        if head is None:
-            return plan is not None  # nothing is due, or read the full list
-        if fresh is not None:
-            locked = [fresh]
-        elif rows[0].head_plain:
-            locked = []  # another transaction holds the head
-        else:
-            locked, _seen = lock_candidates(tx, [head], 1)
+        locked, _seen = lock_candidates(tx, [head], 1)
     contention.took_first(bool(locked))
     if locked:
         claims.claim(locked[0], targeted=False)
