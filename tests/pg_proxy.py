@@ -1,7 +1,8 @@
 """A small TCP proxy in front of the test PostgreSQL server that the test controls.
 
 It forwards bytes both ways. Armed with a ``fault``, it acts on the next COMMIT a client sends
-(psycopg sends it as a simple ``Query`` message):
+(psycopg sends it as a simple ``Query`` message; the store's named statements send it at the end
+of the query that carries the transaction's last writes):
 
 * ``"lose_during_commit"``: forward the COMMIT, swallow the server's answer and close both sides
   (the transaction committed; the client cannot know);
@@ -25,6 +26,9 @@ from typing import Any
 from sqlalchemy import Engine
 
 COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+COMMIT_AT_END = b"; COMMIT\x00"
+"""The end of a simple query whose last statement is the COMMIT (the store's named statements send
+the transaction's last writes and its COMMIT as one query)."""
 
 
 class PgProxy:
@@ -84,7 +88,7 @@ class PgProxy:
         """Client → server, watching for the COMMIT an armed fault acts on."""
         try:
             while data := pair.client.recv(65536):
-                if self.fault and COMMIT_MESSAGE in data and self._act(pair):
+                if self.fault and (COMMIT_MESSAGE in data or COMMIT_AT_END in data) and self._act(pair):
                     if pair.swallow.is_set():
                         pair.server.sendall(data)  # the server commits; the answer is lost
                         continue

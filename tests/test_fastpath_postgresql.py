@@ -44,10 +44,19 @@ def recording_cursor(seen: Recorded) -> type[psycopg.Cursor[Any]]:
 
 
 @contextmanager
-def recorded_store(url: URL, schema: str, *, fast: bool) -> Iterator[tuple[SchedulerStore, Recorded, Clock]]:
+def recorded_store(
+    url: URL, schema: str, *, fast: bool, named: bool = False
+) -> Iterator[tuple[SchedulerStore, Recorded, Clock]]:
+    """A store whose psycopg statements are recorded; ``named``: with the store's named
+    server-side statements (``scheduler.store.server_statements``), else psycopg's unnamed ones
+    (``prepare_threshold=None``), so the fast path's SQL and parameters can be compared with
+    SQLAlchemy's."""
     seen: Recorded = []
     clock = Clock()
-    engine = create_engine(url, connect_args={"cursor_factory": recording_cursor(seen)})
+    connect_args: dict[str, Any] = {"cursor_factory": recording_cursor(seen)}
+    if not named:
+        connect_args["prepare_threshold"] = None
+    engine = create_engine(url, connect_args=connect_args)
     store = open_store(engine, schema=schema, clock=clock, uuid_factory=clock.uuid)
     if not fast:
         event.listen(store.connection, "before_cursor_execute", lambda *args: None)
@@ -70,9 +79,11 @@ def cycles(store: SchedulerStore, count: int) -> Occurrence | None:
     return held
 
 
-def run(server: PostgresServer, schema: str, *, fast: bool) -> tuple[list[Any], Recorded, Any]:
+def run(
+    server: PostgresServer, schema: str, *, fast: bool, named: bool = False
+) -> tuple[list[Any], Recorded, Any]:
     server.drop_schema(schema)
-    with recorded_store(server.url, schema, fast=fast) as (store, seen, clock):
+    with recorded_store(server.url, schema, fast=fast, named=named) as (store, seen, clock):
         results = workload(store, clock)
         return results, list(seen), dump_tables(store)
 
@@ -89,6 +100,30 @@ def test_the_fast_path_sends_psycopg_exactly_what_sqlalchemy_sends(postgres_serv
     assert len(fast_seen) == len(slow_seen)
     for index, (fast, slow) in enumerate(zip(fast_seen, slow_seen, strict=True)):
         assert fast == slow, f"statement {index} differs"
+
+
+def test_named_statements_give_the_same_results_and_tables_as_sqlalchemy(
+    postgres_server: PostgresServer,
+) -> None:
+    """The store's own connection sends its hot statements as ``EXECUTE scheduler_<n>(…)`` with
+    the transaction's ``BEGIN`` or ``COMMIT`` (each named once per connection, after its first
+    run on psycopg's path): every lifecycle path returns what SQLAlchemy's own execution returns
+    and leaves the same tables."""
+    schema = unique_name("t_named")
+    try:
+        named_results, named_seen, named_tables = run(postgres_server, schema, fast=True, named=True)
+        slow_results, _slow_seen, slow_tables = run(postgres_server, schema, fast=False)
+    finally:
+        postgres_server.drop_schema(schema)
+    assert named_results == slow_results
+    assert named_tables == slow_tables
+    sent = [sql for sql, _ in named_seen]
+    executed = [sql for sql in sent if "EXECUTE scheduler_" in sql]
+    assert any(sql.startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_") for sql in executed)
+    assert any(sql.endswith("; COMMIT") for sql in executed)
+    prepared = {sql.split()[1] for sql in sent if sql.startswith("PREPARE scheduler_")}
+    used = {sql.split("EXECUTE ", 1)[1].split("(", 1)[0].split(";", 1)[0] for sql in executed}
+    assert len(prepared & used) >= 10, (prepared, used)
 
 
 def test_the_hot_paths_run_on_one_reused_cursor(
@@ -180,7 +215,6 @@ def test_every_pg_hot_statement_compiles_for_the_fast_path(
     finally:
         store.close()
     assert rejected == []
-
 
 
 def test_a_read_on_a_callers_connection_leaves_no_transaction_open(

@@ -95,44 +95,114 @@ def test_a_settlement_that_changes_no_row_is_refused_and_nothing_is_written(
 # ------------------------------------------------------------------ PostgreSQL: the statements
 
 
-def _recorded(url: Any, schema: str, seen: list[tuple[str, Any]]) -> tuple[Engine, Any]:
-    engine = create_engine(url, connect_args={"cursor_factory": recording_cursor(seen)})
+def _recorded(
+    url: Any, schema: str, seen: list[tuple[str, Any]], *, named: bool = True
+) -> tuple[Engine, Any]:
+    connect_args: dict[str, Any] = {"cursor_factory": recording_cursor(seen)}
+    if not named:
+        connect_args["prepare_threshold"] = None  # no prepared statements (PgBouncer's transaction pooling)
+    engine = create_engine(url, connect_args=connect_args)
     return engine, open_store(engine, schema=schema)  # the server clock (clock=None)
 
 
+def _named_statement(store: Any, sent: str) -> str:
+    """The SQL of the named statement ``sent`` executes, read in autocommit (psycopg's
+    ``rollback()`` would ``DEALLOCATE ALL``)."""
+    name = sent.split("EXECUTE ", 1)[1].split("(", 1)[0]
+    driver = store.connection.connection.driver_connection
+    driver.autocommit = True
+    try:
+        row = driver.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE name = %(name)s",
+            {"name": name},
+            prepare=False,
+        ).fetchone()
+    finally:
+        driver.autocommit = False
+    assert row is not None, name
+    return " ".join(str(row[0]).split())
+
+
+def _recorded_cycle(store: Any, held: Any, seen: list[tuple[str, Any]]) -> tuple[Any, list[str]]:
+    """One ``settle_and_claim`` of ``held`` (it claims the next, first fence) and the statements
+    it sent, white space folded."""
+    seen.clear()
+    cycle = store.settle_and_claim(
+        occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
+    )
+    assert cycle.claimed is not None and cycle.claimed.fence == 1
+    return cycle, [" ".join(sql.split()) for sql, _ in seen]
+
+
 @pytest.mark.postgresql
-def test_a_cycle_is_two_statements_and_a_commit(postgres_server: Any, pg_schema: str) -> None:
+def test_a_cycle_is_two_round_trips(postgres_server: Any, pg_schema: str) -> None:
     """A quiet ``settle_and_claim``: one statement locks and reads the settled row, reads the
     server clock after that lock and the queue's heads with it, and locks the head
-    (``cycle_read``); then both writes and both events as one statement. No savepoint (the
-    store-owned call restarts instead, below). A plain ``settle``: its locked read with the
-    clock, then its ``UPDATE`` and its event together."""
+    (``cycle_read``); it goes with the transaction's ``BEGIN``. Then both writes and both events
+    as one statement, with the ``COMMIT``. Each is ``EXECUTE`` of a statement the store named on
+    its connection. No savepoint (the store-owned call restarts instead, below). A plain
+    ``settle``: its locked read with the clock, then its ``UPDATE`` and its event together."""
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen)
+    try:
+        store.create_job(id="j", kind="k", authority=AUTHORITY)
+        for n in range(5):
+            store.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key=f"t{n}")
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        for _ in range(2):  # a statement is named when the connection is idle after its first run
+            assert held is not None
+            held = store.settle_and_claim(
+                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
+            ).claimed
+        assert held is not None
+        cycle, sent = _recorded_cycle(store, held, seen)
+        assert len(sent) == 2, sent
+        assert sent[0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_")
+        assert sent[1].startswith("EXECUTE scheduler_") and sent[1].endswith("; COMMIT")
+        first, writes = _named_statement(store, sent[0]), _named_statement(store, sent[1])
+        assert "locked_current AS MATERIALIZED (SELECT" in first
+        assert "cycle_clock AS MATERIALIZED" in first and "probe AS MATERIALIZED" in first
+        assert "FOR UPDATE OF occurrences SKIP LOCKED" in first
+        assert "WITH w0 AS (UPDATE" in writes and "w1 AS (UPDATE" in writes and "w2 AS (INSERT INTO" in writes
+        history = [event.type for event in store.history(job_id="j")]
+        assert {"occurrence_succeeded", "occurrence_claimed"} <= set(history)
+        claimed = cycle.claimed
+        store.settle(occurrence_id=claimed.id, owner_id="w", fence=claimed.fence, outcome="succeeded")
+        claimed = store.claim_next(owner_id="w", lease_ms=LEASE)  # its statements' first run
+        assert claimed is not None
+        seen.clear()
+        store.settle(occurrence_id=claimed.id, owner_id="w", fence=claimed.fence, outcome="succeeded")
+        sent = [sql for sql, _ in seen]
+        assert len(sent) == 2 and sent[0].startswith("BEGIN") and sent[1].endswith("; COMMIT"), sent
+    finally:
+        store.close()
+        engine.dispose()
+
+
+@pytest.mark.postgresql
+def test_without_prepared_statements_a_cycle_is_two_statements_and_a_commit(
+    postgres_server: Any, pg_schema: str
+) -> None:
+    """A connection made with ``prepare_threshold=None`` (behind PgBouncer's transaction pooling)
+    gets no named statements: psycopg sends ``BEGIN`` and ``COMMIT`` itself around the cycle's two
+    statements, as unnamed statements with bound parameters."""
+    seen: list[tuple[str, Any]] = []
+    engine, store = _recorded(postgres_server.url, pg_schema, seen, named=False)
     try:
         store.create_job(id="j", kind="k", authority=AUTHORITY)
         for n in range(3):
             store.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key=f"t{n}")
         held = store.claim_next(owner_id="w", lease_ms=LEASE)
         assert held is not None
-        seen.clear()
-        cycle = store.settle_and_claim(
-            occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
-        )
-        assert cycle.claimed is not None and cycle.claimed.fence == 1
-        sent = [" ".join(sql.split()) for sql, _ in seen]
+        _cycle, sent = _recorded_cycle(store, held, seen)
         assert len(sent) == 2, sent
-        assert sent[0].startswith("WITH locked_current AS MATERIALIZED (SELECT")
-        assert "cycle_clock AS MATERIALIZED" in sent[0] and "probe AS MATERIALIZED" in sent[0]
+        assert sent[0].startswith("WITH cycle_started AS MATERIALIZED (SELECT")
         assert "FOR UPDATE OF occurrences SKIP LOCKED" in sent[0]
-        assert sent[1].startswith("WITH w0 AS (UPDATE") and "w1 AS (UPDATE" in sent[1]
-        assert "w2 AS (INSERT INTO" in sent[1]
-        history = [event.type for event in store.history(job_id="j")]
-        assert {"occurrence_succeeded", "occurrence_claimed"} <= set(history)
-        seen.clear()
-        claimed = cycle.claimed
-        store.settle(occurrence_id=claimed.id, owner_id="w", fence=claimed.fence, outcome="succeeded")
-        assert len(seen) == 2  # the locked read, then the UPDATE and its event together
+        assert sent[1].startswith("WITH w0 AS (UPDATE") and "w2 AS (INSERT INTO" in sent[1]
+        driver = store.connection.connection.driver_connection
+        rows = driver.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False).fetchone()
+        driver.rollback()
+        assert rows is not None and rows[0] == 0
     finally:
         store.close()
         engine.dispose()
@@ -376,6 +446,7 @@ def test_a_settlement_that_waited_behind_a_pause_request_sees_it(
             tx.request_occurrence_pause(
                 occurrence_id=first, expected_fence=held.fence, request_id="pause-1", capability=CAPABILITY
             )
+
             def run() -> Any:
                 if call == "settle":
                     return store.settle(**settle)
@@ -524,7 +595,7 @@ def test_the_cycle_statement_renders_without_a_dialect(server_clock: bool) -> No
 
     statement = cycle_read._prepared(claim_query.NO_FILTER.shape, server_clock).statement
     text_of = str(statement)
-    assert "row_version(occurrences)" in text_of and "statement_age_us()" in text_of
+    assert "row_version(occurrences)" in text_of and "micros_since((SELECT cycle_started.at" in text_of
     assert ("server_clock_ms()" in text_of) == server_clock
     with pytest.raises(CompileError):
         statement.compile(dialect=sqlite.dialect())

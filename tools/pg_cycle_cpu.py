@@ -50,9 +50,9 @@ def timed_statements(totals: Totals) -> Iterator[None]:
         entry[1] += time.thread_time() - started[0]
         entry[2] += time.perf_counter() - started[1]
 
-    def timed_run(self: Any, conn: Any, prepared: Any, parameters: Any) -> Any:
+    def timed_run(self: Any, conn: Any, prepared: Any, parameters: Any, **options: Any) -> Any:
         started = (time.thread_time(), time.perf_counter())
-        done = run(self, conn, prepared, parameters)
+        done = run(self, conn, prepared, parameters, **options)
         name = names.get(id(prepared))
         if name is None:
             name = names[id(prepared)] = " ".join(str(prepared.statement).split())[:70]

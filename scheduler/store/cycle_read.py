@@ -5,10 +5,13 @@ it with its control, reservation and adjudication (``settlement.CURRENT_ROWS``),
 server clock after that lock, and with that clock as ``now`` reads the queue's heads and locks a
 plain head (``claim_query.build_head_probe_and_lock``)::
 
-    WITH locked_current AS MATERIALIZED (SELECT … FROM occurrences …
-                                         WHERE occurrence_id = :p_id FOR UPDATE OF occurrences),
+    WITH cycle_started AS MATERIALIZED (SELECT clock_timestamp() AS at),
+         locked_current AS MATERIALIZED (SELECT … FROM occurrences …
+                                         WHERE occurrence_id = :p_id
+                                           AND (SELECT at FROM cycle_started) IS NOT NULL
+                                         FOR UPDATE OF occurrences),
          cycle_clock AS MATERIALIZED (SELECT <clock_timestamp() in ms> AS now,
-                                             <µs since the statement began> AS waited_us
+                                             <µs since cycle_started> AS waited_us
                                       FROM (SELECT count(*) FROM locked_current) AS current_locked),
          probe AS MATERIALIZED (<the head probe, now = (SELECT now FROM cycle_clock)>),
          head AS (…), locked AS MATERIALIZED (…)
@@ -25,9 +28,12 @@ statement's snapshot, taken before the lock, so the call runs again the usual wa
   locked is a newer version than a second reference to it reads: ``dialect.row_version``): the
   call would otherwise see that transaction's write to the settled row but not its other writes,
   which no serial order explains; or
-* the lock waited longer than :data:`MAX_WAIT_US` (``waited_us``): other transactions may have
+* the lock waited longer than :data:`MAX_WAIT_US` (``waited_us``, from an instant read just
+  before the lock, after the statement's snapshot and its planning): other transactions may have
   committed meanwhile, and the heads should not be older than the call's clock by more than a
-  statement's own run time.
+  statement's own run time. (Measured from the statement's start, as it was, it also counted the
+  planning of an ``EXECUTE`` sent in a simple query — the named statements' first runs, and
+  any run after a plan invalidation — as a wait.)
 
 Each result row carries the settled row (``settled_<column>``, the same on every row) and one
 probe row (its own column names, ``arm`` NULL when nothing is due), so the rows serve as they
@@ -46,7 +52,7 @@ from sqlalchemy import BigInteger, bindparam, exists, func, literal_column, sele
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.claim_query import ClaimFilter, Shape, build_head_probe_and_lock, head_probe_params
-from scheduler.store.dialect import row_version, server_clock_ms, statement_age_us
+from scheduler.store.dialect import micros_since, row_version, server_clock_ms, server_instant
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.settlement import CURRENT_ROWS
 from scheduler.store.tx import RestartTransaction, Tx
@@ -62,9 +68,11 @@ _CURRENT_NAMES: Final = tuple(column.name for column in CURRENT_ROWS.selected_co
 
 
 def _build(shape: Shape, server_clock: bool) -> Any:
+    started = select(server_instant().label("at")).cte("cycle_started").prefix_with("MATERIALIZED")
+    started_at = select(started.c.at).scalar_subquery()
     current = (
         CURRENT_ROWS.add_columns(row_version(_o).label("row_version"))
-        .where(_o.c.occurrence_id == bindparam("p_id"))
+        .where(_o.c.occurrence_id == bindparam("p_id"), started_at.is_not(None))
         .with_for_update(of=_o)
         .cte("locked_current")
         .prefix_with("MATERIALIZED")
@@ -72,7 +80,7 @@ def _build(shape: Shape, server_clock: bool) -> Any:
     locked = select(func.count().label("rows")).select_from(current).subquery("current_locked")
     now = server_clock_ms() if server_clock else bindparam("now", type_=BigInteger())
     clock = (
-        select(now.label("now"), statement_age_us().label("waited_us"))
+        select(now.label("now"), micros_since(started_at).label("waited_us"))
         .select_from(locked)
         .cte("cycle_clock")
         .prefix_with("MATERIALIZED")

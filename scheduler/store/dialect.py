@@ -12,8 +12,9 @@ hold each backend's runtime pieces (begin statements, failure classification, cl
   PostgreSQL, translated by ``scheduler.schema.glob_to_regex``);
 * :func:`insert_ignoring_conflict` — ``INSERT … ON CONFLICT (cols) DO NOTHING`` (the same text on
   both backends);
-* :class:`server_clock_ms` — the server's clock in epoch ms, and :class:`statement_age_us`, the
-  time since the statement began (PostgreSQL only: SQLite's store samples its clock in Python);
+* :class:`server_clock_ms` — the server's clock in epoch ms, :class:`server_instant` — the
+  server's clock as a timestamp, and :class:`micros_since`, the µs since such an instant
+  (PostgreSQL only: SQLite's store samples its clock in Python);
 * :class:`row_version` — the version of a row the statement read (PostgreSQL only).
 
 Row locks need no construct: ``Select.with_for_update(skip_locked=…)`` renders ``FOR UPDATE …``
@@ -160,11 +161,19 @@ class server_clock_ms(FunctionElement[int]):
     type = BigInteger()
 
 
-class statement_age_us(FunctionElement[int]):
-    """Microseconds from the start of the statement to when this value is computed (PostgreSQL
-    ``clock_timestamp() - statement_timestamp()``): how long the statement waited for its locks."""
+class server_instant(FunctionElement[Any]):
+    """The server's clock as a timestamp, read when the statement computes it (PostgreSQL
+    ``clock_timestamp()``)."""
 
-    name = "statement_age_us"
+    name = "server_instant"
+    inherit_cache = True
+
+
+class micros_since(FunctionElement[int]):
+    """Microseconds from ``instant`` (a :class:`server_instant` the statement read earlier) to when
+    this value is computed: how long the statement waited for the locks it took in between."""
+
+    name = "micros_since"
     inherit_cache = True
     type = BigInteger()
 
@@ -179,13 +188,15 @@ def _no_row_version(element: row_version, compiler: SQLCompiler, **_kw: Any) -> 
     raise CompileError("the SQLite store reads no row versions (one writer at a time)")
 
 
-@compiles(statement_age_us)
-def _statement_age_as_named(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
-    return "statement_age_us()"
+@compiles(server_instant)
+@compiles(micros_since)
+def _clock_as_named(element: FunctionElement[Any], compiler: SQLCompiler, **kw: Any) -> str:
+    return f"{element.name}({compiler.process(element.clauses, **kw)})"  # str(statement)
 
 
-@compiles(statement_age_us, "sqlite")
-def _no_statement_age(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
+@compiles(server_instant, "sqlite")
+@compiles(micros_since, "sqlite")
+def _no_clock(element: FunctionElement[Any], compiler: SQLCompiler, **_kw: Any) -> str:
     raise CompileError("the SQLite store has no server clock")
 
 
@@ -242,7 +253,8 @@ __all__ = [
     "greatest",
     "insert_ignoring_conflict",
     "json_text_field",
+    "micros_since",
     "row_version",
     "server_clock_ms",
-    "statement_age_us",
+    "server_instant",
 ]

@@ -40,6 +40,14 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import UpdateBase
 
+from scheduler.store.restart import RestartTransaction
+from scheduler.store.server_statements import (
+    STATEMENT_GONE,
+    ServerStatements,
+    connection_fits,
+    execute_text,
+)
+
 # Connection-level execution options that do not change how a statement executes.
 _NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token"})
 # A connection's ``schema_translate_map`` is overridden by the one the store passes with every
@@ -303,7 +311,18 @@ def _compile(
 class FastPath:
     """The compiled plans of one store connection's dialect and schema, and a reused driver cursor."""
 
-    __slots__ = ("_cursor", "_dbapi", "_dialect", "_plans", "_translate_map")
+    __slots__ = (
+        "_cursor",
+        "_dbapi",
+        "_dialect",
+        "_owned",
+        "_plans",
+        "_server",
+        "_server_dbapi",
+        "_translate_map",
+        "commit_sent",
+        "committed",
+    )
 
     def __init__(self, dialect: Dialect, translate_map: SchemaMap | None = None) -> None:
         self._dialect = dialect
@@ -311,6 +330,15 @@ class FastPath:
         self._plans: dict[tuple[Prepared, tuple[str, ...] | None, bool], _Plan | None] = {}
         self._dbapi: Any = None
         self._cursor: Any = None
+        self._server: ServerStatements | None = None
+        """Named server-side statements of the bound psycopg connection (``serve_named``)."""
+        self._server_dbapi: Any = None
+        self._owned = False
+        self.committed = False
+        """The last :meth:`run` with ``commit=True`` sent the ``COMMIT`` with its statement."""
+        self.commit_sent = False
+        """A ``COMMIT`` went out with a statement in this transaction (it may have been applied,
+        whatever was heard back; reset by :meth:`defer_begin`)."""
 
     @staticmethod
     def for_connection(conn: Connection, translate_map: SchemaMap | None = None) -> FastPath | None:
@@ -342,7 +370,70 @@ class FastPath:
         if dbapi is not self._dbapi or self._cursor is None:
             self._cursor = dbapi.cursor()  # type: ignore[union-attr]
             self._dbapi = dbapi
+            if self._owned and dbapi is not self._server_dbapi:
+                self._bind_server_statements(dbapi)
         return True
+
+    def serve_named(self) -> None:
+        """Use named server-side statements on the connections of a store-owned runner
+        (psycopg only; :mod:`scheduler.store.server_statements`)."""
+        self._owned = self._dialect.name == "postgresql" and self._dialect.driver == "psycopg"
+
+    def _bind_server_statements(self, dbapi: Any) -> None:
+        """A new driver connection: none of its statements is named yet; psycopg's own
+        statement cache is turned off (it would ``DEALLOCATE ALL`` after a rollback).
+
+        A connection made with ``prepare_threshold=None`` (no prepared statements, as behind
+        PgBouncer's transaction pooling) keeps psycopg's unnamed statements and its own
+        ``BEGIN``/``COMMIT``."""
+        self._server_dbapi = dbapi
+        self._server = None
+        if getattr(dbapi, "prepare_threshold", None) is not None and connection_fits(dbapi):
+            dbapi.prepare_threshold = None
+            self._server = ServerStatements()
+
+    @property
+    def sends_commit(self) -> bool:
+        """Whether a statement may carry the transaction's ``COMMIT`` (named statements are on)."""
+        return self._server is not None
+
+    def defer_begin(self, conn: Connection, begin: str) -> bool:
+        """Start a store-owned transaction whose ``begin`` goes out with its first statement
+        (psycopg in autocommit until it ends: :meth:`end_transaction`); whether it does.
+
+        The connection is idle here, so the statements noted since are prepared first.
+        """
+        server = self._server
+        self.commit_sent = False
+        if server is None or self._dbapi is None or self._dbapi.info.transaction_status != 0:
+            return False
+        try:
+            self._dbapi.autocommit = True
+            server.prepare_wanted(self._cursor)
+        except BaseException as error:
+            self._failed(conn, error, "PREPARE", (), self._cursor)
+        server.pending_begin = begin
+        return True
+
+    def ensure_begun(self, conn: Connection) -> None:
+        """Send the transaction's ``BEGIN`` now if it still waits for a first statement (before
+        anything the fast path does not send itself)."""
+        server = self._server
+        if server is not None and server.pending_begin is not None:
+            begin, server.pending_begin = server.pending_begin, None
+            try:
+                self._cursor.execute(begin, prepare=False)
+            except BaseException as error:
+                self._failed(conn, error, begin, (), self._cursor)
+
+    def end_transaction(self) -> None:
+        """The store-owned transaction ended (committed or rolled back): psycopg leaves autocommit."""
+        server = self._server
+        if server is not None:
+            server.pending_begin = None
+            with suppress(Exception):  # a broken connection: the next transaction reconnects
+                if self._dbapi.autocommit:
+                    self._dbapi.autocommit = False
 
     def _neutral(self, options: Mapping[str, Any]) -> bool:
         """Whether a connection's execution options leave its statements as the plans run them."""
@@ -408,6 +499,9 @@ class FastPath:
         cursor = self._cursor or dbapi.cursor()
         driver: Any = conn.connection.driver_connection  # psycopg's own (async) Connection
         threshold = getattr(driver, "prepare_threshold", None)
+        server = self._server
+        if server is not None and server.pending_begin is not None:
+            sql, server.pending_begin = f"{server.pending_begin}; {sql}", None
         try:
             if threshold is not None:
                 driver.prepare_threshold = None
@@ -430,10 +524,14 @@ class FastPath:
         in its transactions); ``rollback()`` afterwards finds the transaction ended and does
         nothing.
         """
+        server = self._server
+        if server is not None and server.pending_begin is not None:
+            server.pending_begin = None  # nothing was sent: there is no transaction to end
+            return True
         driver: Any = conn.connection.driver_connection  # psycopg's own (async) Connection
-        threshold = getattr(driver, "prepare_threshold", None)
-        if threshold is None:
+        if not hasattr(driver, "prepare_threshold"):
             return False
+        threshold = driver.prepare_threshold
         dbapi: Any = conn.connection.dbapi_connection  # SQLAlchemy's adapter on async psycopg
         try:
             driver.prepare_threshold = None
@@ -449,6 +547,44 @@ class FastPath:
             with suppress(Exception):
                 driver.prepare_threshold = threshold
 
+    def _run_named(
+        self, conn: Connection, server: ServerStatements, cursor: Any, text: str, plan: _Plan, commit: bool
+    ) -> tuple[list[Any], int]:
+        """Send ``EXECUTE`` text (with the pending ``BEGIN`` and the ``COMMIT`` asked for) as one
+        simple-protocol query; the rows and count of its ``EXECUTE`` results."""
+        begins = server.pending_begin is not None
+        server.pending_begin = None
+        if commit:
+            self.commit_sent = True
+        try:
+            cursor.execute(text, prepare=False)
+            if begins:
+                cursor.nextset()
+            rows = [] if plan.row_type is None else list(map(plan.row_type._make, cursor.fetchall()))
+            count = cursor.rowcount
+            if not commit:
+                while cursor.nextset():  # one result per parameter set (``executemany``)
+                    count += cursor.rowcount
+        except BaseException as error:
+            self._named_failed(conn, server, error, text, cursor)
+        self.committed = commit
+        return rows, count
+
+    def _named_failed(
+        self, conn: Connection, server: ServerStatements, error: BaseException, text: str, cursor: Any
+    ) -> NoReturn:
+        """A named statement's failure: a server error leaves the transaction open and aborted, so
+        a ``COMMIT`` sent after it was not run; a statement name the session lost runs the call
+        again."""
+        sqlstate = getattr(error, "sqlstate", None)
+        if sqlstate is not None and self._dbapi.info.transaction_status == 3:  # INERROR
+            self.commit_sent = False
+        if sqlstate == STATEMENT_GONE:
+            server.forget()
+            if self._dbapi.autocommit:  # a store-owned transaction: nothing of it is kept
+                raise RestartTransaction from error
+        self._failed(conn, error, text, (), cursor)
+
     def commit(self, conn: Connection) -> None:
         """COMMIT the driver's transaction (errors wrapped as ``Connection.commit`` wraps them)."""
         try:
@@ -456,11 +592,24 @@ class FastPath:
         except BaseException as error:
             conn._handle_dbapi_exception(error, None, None, None, None)
 
-    def run(self, conn: Connection, prepared: Prepared, parameters: Any) -> tuple[list[Any], int] | None:
+    def run(
+        self, conn: Connection, prepared: Prepared, parameters: Any, *, commit: bool = False
+    ) -> tuple[list[Any], int] | None:
         """(rows, rowcount) of executing ``prepared``; ``None`` if SQLAlchemy must execute it.
 
         ``parameters`` is ``None``, a dict, or a non-empty list of dicts (``executemany``).
+        With ``commit``, the transaction's ``COMMIT`` goes out with the statement where it is a
+        named server-side statement (:attr:`committed` says whether it did).
         """
+        self.committed = False
+        done = self._run(conn, prepared, parameters, commit)
+        if done is None:
+            self.ensure_begun(conn)  # SQLAlchemy sends the statement: it needs the transaction
+        return done
+
+    def _run(
+        self, conn: Connection, prepared: Prepared, parameters: Any, commit: bool
+    ) -> tuple[list[Any], int] | None:
         if parameters is None:
             parameters = {}
         elif type(parameters) is list:
@@ -492,6 +641,14 @@ class FastPath:
             if not self.usable(conn):
                 return None
             cursor = self._cursor
+        server = self._server
+        if server is not None:
+            named = server.named(sql)
+            if named is not None:
+                text = execute_text(*named, arguments, server.pending_begin, commit)
+                if text is not None:
+                    return self._run_named(conn, server, cursor, text, plan, commit)
+            self.ensure_begun(conn)
         try:
             if type(arguments) is list:
                 cursor.executemany(sql, arguments)

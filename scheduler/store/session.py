@@ -239,6 +239,11 @@ class OwnedRunner(_Base):
     On a database file, ``wal`` keeps the write-ahead log in bounds (``checkpoints.py``).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.fastpath is not None and self._owns_fastpath:
+            self.fastpath.serve_named()
+
     session_setup: Callable[[Connection], None] | None = None
     """Run on each new driver connection before its first transaction (PostgreSQL: the lock
     timeout and isolation level), so a store that reconnected runs exactly as before."""
@@ -319,11 +324,13 @@ class OwnedRunner(_Base):
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
             tx = self._tx(sample_clock, fast, restartable=restartable, clock_sample=clock_sample)
             result = operation(tx)
-            tx.flush_writes()
-            self._notify_if_woken(wakes_workers(tx.events))
+            committed = self._finish_writes(tx, fast)
             returned = True
             changes = collect(tx)
-            self._commit(transaction, fast)
+            if not committed:
+                self._commit(transaction, fast)
+            if fast is not None:
+                fast.end_transaction()
             changes.emit()
             return result
         except BaseException as error:
@@ -333,14 +340,27 @@ class OwnedRunner(_Base):
                 raise
             if isinstance(error, SchedulerKernelError):
                 raise
-            # Once the body returned, COMMIT may have been applied: only a failure before it,
-            # with the transaction provably closed, is "not_committed" (seed: _write).
+            # Once COMMIT was sent (after the body, or with its last writes), it may have been
+            # applied: only a failure before it, with the transaction provably closed, is
+            # "not_committed" (seed: _write).
+            sent = returned or (fast is not None and fast.commit_sent)
             classified = classify_storage_failure(
-                error, phase="write", commit_state="not_committed" if closed and not returned else "unknown"
+                error, phase="write", commit_state="not_committed" if closed and not sent else "unknown"
             )
             if classified is None:
                 raise
             raise classified from error
+
+    def _finish_writes(self, tx: Tx, fast: FastPath | None) -> bool:
+        """Send what the call kept for its end; whether the ``COMMIT`` went with it (a
+        restartable call on the fast path that wakes no worker: the notification must precede
+        the ``COMMIT``)."""
+        woken = wakes_workers(tx.events)
+        if fast is not None and fast.sends_commit and tx.restartable and not woken:
+            return tx.flush_writes(commit=True)
+        tx.flush_writes()
+        self._notify_if_woken(woken)
+        return False
 
     def _commit(self, transaction: Any, fast: FastPath | None) -> None:
         """COMMIT: the SQLAlchemy transaction begun (or auto-begun by a statement SQLAlchemy
@@ -355,6 +375,8 @@ class OwnedRunner(_Base):
         """One ``NOTIFY`` in this store-owned transaction when it made work claimable (API §9)."""
         channel = self.wake_channel
         if woken and channel is not None:
+            if self.fastpath is not None:
+                self.fastpath.ensure_begun(self.conn)
             send_wakeup(self.conn, channel)
 
     def _rollback(self, transaction: Any) -> bool:
@@ -362,6 +384,13 @@ class OwnedRunner(_Base):
         if fast is not None and not self.conn.invalidated:
             with suppress(Exception):  # closed meanwhile: the rollback below handles it
                 fast.rollback_keeping_prepared(self.conn)
+        try:
+            return self._rollback_driver(transaction)
+        finally:
+            if fast is not None:
+                fast.end_transaction()
+
+    def _rollback_driver(self, transaction: Any) -> bool:
         # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
         with suppress(Exception):
             transaction.rollback()

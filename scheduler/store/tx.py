@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar, overload
 
 from sqlalchemy import Connection, Row, insert
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
 from scheduler.contract.canonical import canonical_json
@@ -20,6 +21,8 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
 from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.restart import RestartTransaction as RestartTransaction  # re-exported
+from scheduler.store.server_statements import counts_differed
 from scheduler.store.write_batch import (
     MULTI_ROW_EVENTS,
     combined,
@@ -40,15 +43,6 @@ def read_clock(clock: Clock) -> int:
 
 EVENT_INSERT: Final = Prepared(insert(t.events))
 """One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
-
-
-class RestartTransaction(Exception):
-    """Raised inside a restartable transaction (``Tx.restartable``) where a claim would need a
-    savepoint it did not take, or where what it decided on changed under it: the runner rolls the
-    transaction back and runs the call again, with savepoints and the same injected clock sample
-    (``clock_sample``, set by the runner). Never reaches a caller."""
-
-    clock_sample: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +67,17 @@ class Tx:
     """
 
     __slots__ = (
+        "_conn",
         "_fast",
         "_keep_writes",
         "_kept",
+        "_kept_events",
         "_key_locks",
         "_now",
         "_sampler",
         "_uuid_factory",
         "claim_savepoint_kept",
         "concurrent",
-        "conn",
         "events",
         "options",
         "restartable",
@@ -102,7 +97,7 @@ class Tx:
         combines_writes: bool = False,
         restartable: bool = False,
     ) -> None:
-        self.conn = conn
+        self._conn = conn
         self.concurrent = concurrent
         """Other write transactions may run at the same time (PostgreSQL): a row read without a
         lock may change before this one writes it (``StoreDialect.CONCURRENT_WRITERS``)."""
@@ -112,6 +107,7 @@ class Tx:
         :class:`RestartTransaction` where it would have rolled back to one."""
         self._keep_writes = combines_writes
         self._kept: list[KeptWrite] = []
+        self._kept_events: list[dict[str, Any]] = []
         self._now = now
         self._sampler = sampler
         self._key_locks = key_locks
@@ -124,6 +120,14 @@ class Tx:
         """The claim-lock savepoint was just rolled back to (or locked nothing) and no statement
         that writes or locks ran since, so the next lock round may start from it
         (:mod:`scheduler.store.claim_locks`); such a statement clears it."""
+
+    @property
+    def conn(self) -> Connection:
+        """The connection, inside the transaction: a ``BEGIN`` the fast path still keeps for its
+        first statement is sent first (:meth:`FastPath.defer_begin`)."""
+        if self._fast is not None:
+            self._fast.ensure_begun(self._conn)
+        return self._conn
 
     @property
     def now(self) -> int:
@@ -189,18 +193,25 @@ class Tx:
             self.flush_writes()
         self._kept.append(KeptWrite(statement, parameters, expected, conflict, row, claim_reads_may_pass))
 
-    def flush_writes(self, events: Sequence[dict[str, Any]] = ()) -> None:
-        """Send the kept writes and ``events`` (``events`` rows), then check each write's count.
+    def flush_writes(self, events: Sequence[dict[str, Any]] = (), *, commit: bool = False) -> bool:
+        """Send the kept writes and events and ``events`` (``events`` rows), then check each
+        write's count; whether the transaction's ``COMMIT`` went out with them.
 
         Kept writes and up to ``MULTI_ROW_EVENTS`` event rows go as one statement where the
-        backend combines writes; more event rows follow in one ``executemany``.
+        backend combines writes; more event rows follow in one ``executemany``. With ``commit``
+        (the call's end, a restartable transaction) that statement checks the counts itself and
+        the ``COMMIT`` may go with it (``FastPath.run``); a count that is not the one expected
+        then runs the call again (``RestartTransaction``), which reports the conflict.
         """
         kept, self._kept = self._kept, []
+        rest = [*self._kept_events, *events]
+        self._kept_events = []
         parts = [(write.statement, write.parameters) for write in kept]
-        rest = list(events)
-        if rest and len(rest) <= MULTI_ROW_EVENTS and (kept or len(rest) > 1):
+        if rest and len(rest) <= MULTI_ROW_EVENTS and (kept or len(rest) > 1 or commit):
             parts.append((event_rows_insert(len(rest)), event_rows_parameters(rest)))
             rest = []
+        if commit and parts and not rest and self._fast is not None:
+            return self._flush_and_commit(kept, parts)
         if len(parts) > 1:
             counts = tuple(self.first(combined(tuple(part for part, _ in parts)), combined_parameters(parts)))
         else:
@@ -210,11 +221,29 @@ class Tx:
                 raise write.conflict()
         if rest:
             self.changes(EVENT_INSERT, rest[0] if len(rest) == 1 else rest)
+        return False
+
+    def _flush_and_commit(self, kept: list[KeptWrite], parts: list[tuple[Prepared, dict[str, Any]]]) -> bool:
+        statement = combined(tuple(part for part, _ in parts), checked=len(kept))
+        parameters = combined_parameters(parts, [write.expected for write in kept])
+        fast = self._fast
+        assert fast is not None
+        try:
+            done = fast.run(self._conn, statement, parameters, commit=True)
+            counts = tuple(done[0][0] if done is not None else self.first(statement, parameters))
+        except DBAPIError as error:
+            if counts_differed(error):
+                raise RestartTransaction from error
+            raise
+        for write, count in zip(kept, counts, strict=False):
+            if count != write.expected:
+                raise write.conflict()
+        return fast.committed
 
     def _before(self, statement: Prepared | None) -> None:
-        """Send the kept writes before a statement that could see them."""
+        """Send the kept writes and events before a statement that could see them."""
         kept = self._kept
-        if kept and not (
+        if (kept or self._kept_events) and not (
             statement is not None
             and statement.passes_kept_writes
             and all(write.claim_reads_may_pass for write in kept)
@@ -226,14 +255,14 @@ class Tx:
         if statement.locks:
             self.claim_savepoint_kept = False
         fast = self._fast
-        return None if fast is None else fast.run(self.conn, statement, parameters)
+        return None if fast is None else fast.run(self._conn, statement, parameters)
 
     def driver_sql(self, sql: str) -> None:
         """Run a statement without parameters or rows (``SAVEPOINT …``) as the driver's text."""
         self._before(None)
         self.claim_savepoint_kept = False
         if self._fast is not None:
-            self._fast.run_driver_sql(self.conn, sql)
+            self._fast.run_driver_sql(self._conn, sql)
         else:
             self.conn.exec_driver_sql(sql)
 
@@ -312,10 +341,18 @@ class Tx:
             "fence": fence,
             "data_json": canonical_json({} if data is None else data, "event.data"),
         }
-        self.flush_writes([row])
+        self._keep_events([row])
         self.events.append(row)
 
     def insert_events(self, rows: list[dict[str, Any]]) -> None:
         """Append several event rows, sent with the kept writes (one statement where it can be)."""
-        self.flush_writes(rows)
+        self._keep_events(rows)
         self.events.extend(rows)
+
+    def _keep_events(self, rows: list[dict[str, Any]]) -> None:
+        """Where writes are kept, event rows wait for the next statement that could see them
+        (no claim read does) or the call's end; elsewhere they are written now."""
+        if self._keep_writes:
+            self._kept_events.extend(rows)
+        else:
+            self.flush_writes(rows)

@@ -29,12 +29,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import bindparam, func, insert, literal_column, select
+from sqlalchemy import BigInteger, Integer, and_, bindparam, case, cast, func, insert, literal_column, select
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.schema import tables as t
 from scheduler.store.fastpath import Prepared
+from scheduler.store.server_statements import KEPT_WRITES_CHANGED
 
 EVENT_COLUMNS: Final = (
     "job_id",
@@ -90,29 +91,55 @@ def part_name(index: int) -> str:
     return f"w{index}"
 
 
-def combined_parameters(parts: Sequence[tuple[Prepared, dict[str, Any]]]) -> dict[str, Any]:
-    """The parameters of :func:`combined` for the parts' own parameter dicts."""
+def combined_parameters(
+    parts: Sequence[tuple[Prepared, dict[str, Any]]], expected: Sequence[int] = ()
+) -> dict[str, Any]:
+    """The parameters of :func:`combined` for the parts' own parameter dicts (and, for a checked
+    statement, the counts expected of its first parts)."""
     values: dict[str, Any] = {}
     for index, (_statement, parameters) in enumerate(parts):
         prefix = part_name(index) + "_"
         for name, value in parameters.items():
             values[prefix + name] = value
+    for index, count in enumerate(expected):
+        values[f"expected_{part_name(index)}"] = count
     return values
 
 
-def combined(statements: tuple[Prepared, ...]) -> Prepared:
+def combined(statements: tuple[Prepared, ...], *, checked: int = 0) -> Prepared:
     """One statement running each of ``statements`` (single-row ``UPDATE``/``INSERT`` statements
     with explicit values) as a data-modifying ``WITH`` part; its one row holds each part's count
-    of rows written, in order (columns ``w0``, ``w1``, …). Built once per combination."""
+    of rows written, in order (columns ``w0``, ``w1``, …). Built once per combination.
+
+    ``checked``: the statement fails (SQLSTATE 22P02 naming
+    ``server_statements.KEPT_WRITES_CHANGED``) unless each of its first ``checked`` parts wrote
+    the count bound as ``expected_w<n>`` (:func:`combined_parameters`), so a ``COMMIT`` sent after
+    it in the same query never follows a compare-and-set that missed."""
     with _BUILDING:  # module-level statements are shared by every thread (see fastpath._COMPILING)
-        return _combined(statements)
+        return _combined(statements, checked)
 
 
 @functools.cache
-def _combined(statements: tuple[Prepared, ...]) -> Prepared:
+def _combined(statements: tuple[Prepared, ...], checked: int) -> Prepared:
     counts = []
     for index, prepared in enumerate(statements):
         name = part_name(index)
         part = _with_prefixed_binds(prepared.statement, name + "_").returning(literal_column("1")).cte(name)
-        counts.append(select(func.count()).select_from(part).scalar_subquery().label(name))
-    return Prepared(select(*counts), locks=True)
+        counts.append(select(func.count()).select_from(part).scalar_subquery())
+    columns = [count.label(part_name(index)) for index, count in enumerate(counts)]
+    if checked:
+        columns.append(_count_check(counts[:checked]))
+    return Prepared(select(*columns), locks=True)
+
+
+def _count_check(counts: list[Any]) -> Any:
+    """``CAST(CASE WHEN <each count as expected> THEN '1' ELSE '<marker>' END AS INTEGER)``: the
+    cast of the marker raises, at run time only (the condition reads the parts' counts)."""
+    agreed = and_(
+        *(
+            count == bindparam(f"expected_{part_name(index)}", type_=BigInteger())
+            for index, count in enumerate(counts)
+        )
+    )
+    verdict = case((agreed, literal_column("'1'")), else_=literal_column(f"'{KEPT_WRITES_CHANGED}'"))
+    return cast(verdict, Integer()).label("checked")

@@ -23,9 +23,10 @@ from scheduler.store.dialect import (
     glob_match,
     greatest,
     json_text_field,
+    micros_since,
     row_version,
     server_clock_ms,
-    statement_age_us,
+    server_instant,
 )
 from scheduler.store.fastpath import FastPath, Prepared
 
@@ -112,15 +113,24 @@ def _row_version(element: row_version, compiler: SQLCompiler, **_kw: Any) -> str
     return f"{compiler.preparer.quote(element.table.name)}.xmin::text"
 
 
-@compiles(statement_age_us, "postgresql")
-def _statement_age_us(element: statement_age_us, compiler: SQLCompiler, **_kw: Any) -> str:
-    return "floor(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint"
+@compiles(server_instant, "postgresql")
+def _server_instant(element: server_instant, compiler: SQLCompiler, **_kw: Any) -> str:
+    return "clock_timestamp()"
+
+
+@compiles(micros_since, "postgresql")
+def _micros_since(element: micros_since, compiler: SQLCompiler, **kw: Any) -> str:
+    since = compiler.process(element.clauses, **kw)
+    return f"floor(extract(epoch FROM clock_timestamp() - {since}) * 1000000)::bigint"
 
 
 # ----------------------------------------------------------------- transactions
 
 SERVER_NOW_SQL: Final = f"SELECT {_SERVER_CLOCK_MS}"
 READ_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+BEGIN_READ_SQL: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+BEGIN_WRITE_SQL: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+"""The ``BEGIN`` sent with a store-owned transaction's first statement (``FastPath.defer_begin``)."""
 ISOLATION_LEVEL: Final = "READ COMMITTED"
 """Every write transaction runs READ COMMITTED and locks the rows that decide its result."""
 
@@ -169,6 +179,8 @@ def begin(conn: Connection, *, write: bool, fast: FastPath | None) -> None:
     ``REPEATABLE READ, READ ONLY`` snapshot, like SQLite's deferred ``BEGIN``. The lock timeout is
     a setting of the store's own connection (:func:`lock_timeout_sql`).
     """
+    if fast is not None and fast.defer_begin(conn, BEGIN_WRITE_SQL if write else BEGIN_READ_SQL):
+        return
     if not write:
         conn.exec_driver_sql(READ_SNAPSHOT_SQL)
 

@@ -1,0 +1,12 @@
+"""The signal by which a store-owned call asks to be run again from the start."""
+
+from __future__ import annotations
+
+
+class RestartTransaction(Exception):
+    """Raised inside a restartable transaction (``Tx.restartable``) where a claim would need a
+    savepoint it did not take, or where what it decided on changed under it: the runner rolls the
+    transaction back and runs the call again, with savepoints and the same injected clock sample
+    (``clock_sample``, set by the runner). Never reaches a caller."""
+
+    clock_sample: int | None = None
