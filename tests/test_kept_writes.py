@@ -209,9 +209,11 @@ def test_without_prepared_statements_a_cycle_is_two_statements_and_a_commit(
 
 
 def _slowed(statement: Prepared) -> Prepared:
-    """``statement`` sleeping 0.2 s after its snapshot is taken, before it locks a row."""
+    """``statement`` sleeping 1 s after its snapshot is taken, before it locks a row (long enough
+    for the test to commit its change meanwhile on a loaded machine: 0.2 s was missed once in a
+    full parallel run, and the lock then came first)."""
     slow: Any = statement.statement
-    return Prepared(slow.where(text("EXISTS (SELECT FROM pg_sleep(0.2))")), passes_kept_writes=True)
+    return Prepared(slow.where(text("EXISTS (SELECT FROM pg_sleep(1))")), passes_kept_writes=True)
 
 
 @contextmanager

@@ -10,15 +10,19 @@ lost around its ``COMMIT`` are classified as API §8 rules (``commitState``, ``r
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from lifecycle_support import expect_error
 from pg_proxy import PgProxy, wait_until, xact_status
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
 from test_fastpath_postgresql import recording_cursor
-from test_postgresql_failures import AUTHORITY, T0, hold_job_row, storage_error
+from test_postgresql_failures import AUTHORITY, T0, hold_job_row, retryable, storage_error
 
 from scheduler import SchedulerStore, open_store
 from scheduler.store import settlement
@@ -27,6 +31,15 @@ from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql
 LEASE = 60_000
+
+
+@pytest.fixture
+def engine(postgres_server: Any) -> Iterator[Engine]:
+    """An engine of the test's own: another test may have instrumented the shared one (an engine
+    event turns the fast path, and with it the named statements, off)."""
+    made = create_engine(postgres_server.url)
+    yield made
+    made.dispose()
 
 
 @pytest.fixture
@@ -127,8 +140,8 @@ def test_a_compare_and_set_that_misses_commits_nothing(pg_engine: Engine, pg_sch
         engine.dispose()
 
 
-def test_statements_the_session_lost_are_named_again(pg_engine: Engine, pg_schema: str) -> None:
-    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0) as store:
+def test_statements_the_session_lost_are_named_again(engine: Engine, pg_schema: str) -> None:
+    with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
         held = warmed(store)
         assert prepared_names(store)
         driver = store.connection.connection.driver_connection
@@ -144,11 +157,11 @@ def test_statements_the_session_lost_are_named_again(pg_engine: Engine, pg_schem
 
 
 def test_a_failure_in_the_statement_sent_with_the_commit_is_not_committed(
-    pg_engine: Engine, pg_schema: str
+    engine: Engine, pg_engine: Engine, pg_schema: str
 ) -> None:
     """Another transaction holds the job row: the event rows' foreign-key check in the writes
     sent with the ``COMMIT`` times out (55P03), so the ``COMMIT`` was never run."""
-    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0, busy_timeout_ms=50) as store:
+    with open_store(engine, schema=pg_schema, clock=lambda: T0, busy_timeout_ms=50) as store:
         held = warmed(store)
         before = dump_tables(store)
         holder = hold_job_row(pg_engine, pg_schema)
@@ -157,12 +170,7 @@ def test_a_failure_in_the_statement_sent_with_the_commit_is_not_committed(
         finally:
             holder.rollback()
             holder.close()
-        assert details == {
-            "phase": "write",
-            "storageCode": "55P03",
-            "commitState": "not_committed",
-            "retryable": True,
-        }
+        assert details == retryable("55P03")
         assert dump_tables(store) == before
         assert cycle(store, held).claimed is not None
 
@@ -189,3 +197,132 @@ def test_a_connection_lost_around_the_commit_sent_with_the_writes_is_unknown(
         settled = store.get_occurrence(held.id)  # reconnected
         assert settled is not None
         assert settled.status == ("succeeded" if outcome == "committed" else "running")
+
+
+CAPABILITY = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint"]}
+
+
+def pause(store: SchedulerStore, held: Occurrence, request_id: str) -> Any:
+    return store.request_occurrence_pause(
+        occurrence_id=held.id, expected_fence=held.fence, request_id=request_id, capability=CAPABILITY
+    )
+
+
+def test_inspecting_the_store_connection_keeps_its_named_statements(
+    engine: Engine, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """psycopg prepared statements of its own while the store opened; its ``rollback()`` (here
+    after a read through ``store.connection``) sent ``DEALLOCATE ALL``, and the next call's
+    telemetry read (state-change records on) failed on a lost name inside a swallowed error: the
+    call returned a pause request that was rolled back. The store empties psycopg's cache when it
+    names statements, so the names stay, and every call persists what it returns."""
+    caplog.set_level(logging.INFO, logger="scheduler.events")
+    with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+        held = warmed(store)
+        names = prepared_names(store)
+        store.connection.execute(text("SELECT 1")).all()
+        store.connection.rollback()
+        assert prepared_names(store) == names
+        control = pause(store, held, "pause-1")
+        assert store.get_occurrence_control(held.id) == replace(control, deduplicated=None)
+        with store.transaction() as block:
+            assert block.claim_next(owner_id="w", lease_ms=LEASE) is not None
+
+
+def test_a_call_whose_commit_went_with_its_writes_leaves_no_transaction_open(
+    engine: Engine, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call that ran a statement through SQLAlchemy (its record of a transaction began) and sent
+    its ``COMMIT`` with its last writes: SQLAlchemy's record is closed too, so the next
+    ``store.transaction()`` block begins (it raised ``InvalidRequestError``)."""
+    caplog.set_level(logging.INFO, logger="scheduler.events")
+    with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+        warmed(store)
+        for n in range(3):  # the pause request's statements are named from its second run
+            held = store.claim_next(owner_id="w", lease_ms=LEASE)
+            assert held is not None
+            pause(store, held, f"pause-{n}")
+            assert not store.connection.in_transaction()
+            assert store.connection.connection.driver_connection.info.transaction_status == 0
+        with store.transaction() as block:
+            block.enqueue_occurrence(job_id="job-1", scheduled_for=T0, trigger_key="in-block")
+        assert store.list_occurrences_by_trigger(job_id="job-1", trigger_key="in-block")
+
+
+def test_an_aborted_transaction_is_never_committed(engine: Engine, pg_schema: str) -> None:
+    """A statement failed inside a store-owned transaction and the error was caught: ``COMMIT``
+    would roll it back and report no error, so the call fails instead, nothing written."""
+    with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+        warmed(store)
+        before = dump_tables(store)
+
+        def swallowing(tx: Any) -> None:
+            tx.execute(text(f'UPDATE "{pg_schema}".jobs SET revision = revision + 1'))
+            with contextlib.suppress(DBAPIError):
+                tx.execute(text("SELECT 1 / 0"))
+
+        details = storage_error(lambda: store._runner.write(swallowing))
+        assert details == {
+            "phase": "write",
+            "storageCode": "25P02",
+            "commitState": "not_committed",
+            "retryable": False,
+        }
+        assert dump_tables(store) == before
+
+
+def test_a_second_store_on_a_pooled_connection_names_its_statements_and_gives_the_threshold_back(
+    postgres_server: Any, pg_schema: str
+) -> None:
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(
+        postgres_server.url,
+        pool_size=1,
+        max_overflow=0,
+        connect_args={"cursor_factory": recording_cursor(seen)},
+    )
+    try:
+        with open_store(engine, schema=pg_schema, clock=lambda: T0) as first:
+            warmed(first)
+            assert prepared_names(first)
+        with engine.connect() as connection:  # the same pooled connection, the application's again
+            assert connection.connection.driver_connection.prepare_threshold == 5  # psycopg's default
+        with open_store(engine, schema=pg_schema, clock=lambda: T0) as second:
+            held = second.claim_next(owner_id="w", lease_ms=LEASE)
+            assert held is not None
+            for _ in range(2):
+                held = cycle(second, held).claimed
+                assert held is not None
+            seen.clear()
+            cycle(second, held)
+            sent = [sql for sql, _ in seen]
+            assert len(sent) == 2 and sent[0].startswith("BEGIN") and sent[1].endswith("; COMMIT"), sent
+    finally:
+        engine.dispose()
+
+
+def test_a_statement_a_lock_kept_from_being_named_is_named_later(
+    postgres_server: Any, pg_schema: str
+) -> None:
+    """``PREPARE`` waits for the locks of the tables it reads: under another transaction's
+    ``ACCESS EXCLUSIVE`` lock it times out, and the statement is named at a later idle moment
+    (only a statement PostgreSQL cannot prepare at all stays unnamed)."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(postgres_server.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    try:
+        with open_store(engine, schema=pg_schema, clock=lambda: T0, busy_timeout_ms=50) as store:
+            store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+            for n in range(4):
+                store.enqueue_occurrence(job_id="job-1", scheduled_for=T0, trigger_key=f"t{n}")
+            held = store.claim_next(owner_id="w", lease_ms=LEASE)  # the claim's statements' first run
+            assert held is not None
+            with postgres_server.engine.connect() as locker:
+                locker.exec_driver_sql(f'LOCK TABLE "{pg_schema}".occurrences IN ACCESS EXCLUSIVE MODE')
+                storage_error(lambda: store.get_occurrence(held.id))  # PREPARE, then the read, time out
+                locker.rollback()
+            store.get_occurrence(held.id)  # the next idle moment names them
+            seen.clear()
+            assert store.claim_next(owner_id="w", lease_ms=LEASE) is not None
+            assert seen[0][0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_"), seen
+    finally:
+        engine.dispose()

@@ -40,11 +40,11 @@ def counted_fast_path(counts: Counter[str]) -> None:
     attempt = session.OwnedRunner._attempt
     locks = (claim_locks.LOCK_CANDIDATES, claim_locks.LOCK_CANDIDATE_ROWS)
 
-    def counting_run(self: Any, conn: Any, prepared: Any, parameters: Any) -> Any:
+    def counting_run(self: Any, conn: Any, prepared: Any, parameters: Any, **options: Any) -> Any:
         counts["statements"] += 1
         if prepared in locks:
             counts["lock"] += 1
-        return run(self, conn, prepared, parameters)
+        return run(self, conn, prepared, parameters, **options)
 
     def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
         if not kwargs["restartable"] and begin == BEGIN_WRITE:

@@ -58,6 +58,13 @@ _TRANSLATE_MAP: Final = "schema_translate_map"
 # half-built lazy attributes on SQLAlchemy 2.0 ("All selectables passed to CompoundSelect must
 # have identical numbers of columns … has 0"): plans are compiled one at a time (once each).
 _COMPILING: Final = threading.Lock()
+# psycopg's transaction status values (psycopg.pq.TransactionStatus), and the keys of the pool's
+# record of a connection (``conn.connection.info``) for its own prepare_threshold and for the
+# statements a store named on it.
+_IDLE: Final = 0
+_IN_ERROR: Final = 3
+_THRESHOLD_KEPT: Final = "scheduler.prepare_threshold"
+_NAMED: Final = "scheduler.named_statements"
 # (dialect, driver, parameter style) the fast path runs statements for.
 _DRIVERS: Final = frozenset({("sqlite", "pysqlite", "qmark"), ("postgresql", "psycopg", "pyformat")})
 # The SQLAlchemy (2.x) connection internals the fast path consults; without them it stays off.
@@ -74,14 +81,21 @@ StoredRow: TypeAlias = Any
 class Prepared:
     """A module-level Core statement that may run through the compile-once fast path."""
 
-    __slots__ = ("dml", "locks", "passes_kept_writes", "statement")
+    __slots__ = ("dml", "locks", "passes_kept_writes", "reads_jobs_only", "statement")
 
     def __init__(
-        self, statement: Executable, *, passes_kept_writes: bool = False, locks: bool = False
+        self,
+        statement: Executable,
+        *,
+        passes_kept_writes: bool = False,
+        locks: bool = False,
+        reads_jobs_only: bool = False,
     ) -> None:
         """``locks``: the statement writes or locks rows where its top level does not show it
-        (inside a ``WITH``)."""
+        (inside a ``WITH``); ``reads_jobs_only``: it reads ``jobs`` and nothing else, which no
+        write ``Tx.write_later`` keeps (occurrence updates, event rows) changes."""
         self.statement = statement
+        self.reads_jobs_only = reads_jobs_only
         self.passes_kept_writes = passes_kept_writes
         """A claim read that may run before writes ``Tx.write_later`` keeps (it reads only rows
         claimable or sweepable at the call's ``now``, and rows it locks itself)."""
@@ -308,6 +322,12 @@ def _compile(
     return _Plan(compiled.string, build(names, constants), row_type, expanding, constants)
 
 
+def _clearable(cache: Any) -> bool:
+    """Whether psycopg's statement cache has the parts :meth:`FastPath._bind_server_statements`
+    empties (psycopg 3's ``PrepareManager``; another release: no named statements)."""
+    return all(hasattr(cache, part) for part in ("_names", "_counts", "_to_flush"))
+
+
 class FastPath:
     """The compiled plans of one store connection's dialect and schema, and a reused driver cursor."""
 
@@ -319,6 +339,7 @@ class FastPath:
         "_plans",
         "_server",
         "_server_dbapi",
+        "_threshold_kept",
         "_translate_map",
         "commit_sent",
         "committed",
@@ -333,6 +354,7 @@ class FastPath:
         self._server: ServerStatements | None = None
         """Named server-side statements of the bound psycopg connection (``serve_named``)."""
         self._server_dbapi: Any = None
+        self._threshold_kept: Any = None
         self._owned = False
         self.committed = False
         """The last :meth:`run` with ``commit=True`` sent the ``COMMIT`` with its statement."""
@@ -370,8 +392,8 @@ class FastPath:
         if dbapi is not self._dbapi or self._cursor is None:
             self._cursor = dbapi.cursor()  # type: ignore[union-attr]
             self._dbapi = dbapi
-            if self._owned and dbapi is not self._server_dbapi:
-                self._bind_server_statements(dbapi)
+        if self._owned and dbapi is not self._server_dbapi:
+            self._bind_server_statements(conn, dbapi)
         return True
 
     def serve_named(self) -> None:
@@ -379,18 +401,42 @@ class FastPath:
         (psycopg only; :mod:`scheduler.store.server_statements`)."""
         self._owned = self._dialect.name == "postgresql" and self._dialect.driver == "psycopg"
 
-    def _bind_server_statements(self, dbapi: Any) -> None:
-        """A new driver connection: none of its statements is named yet; psycopg's own
-        statement cache is turned off (it would ``DEALLOCATE ALL`` after a rollback).
+    def _bind_server_statements(self, conn: Connection, dbapi: Any) -> None:
+        """A driver connection the store has not named statements on yet (on an idle connection).
 
-        A connection made with ``prepare_threshold=None`` (no prepared statements, as behind
-        PgBouncer's transaction pooling) keeps psycopg's unnamed statements and its own
-        ``BEGIN``/``COMMIT``."""
+        psycopg's own statement cache is emptied and turned off (its ``rollback()`` would
+        ``DEALLOCATE ALL``, these names too), and so are the statements a store that had this
+        pooled connection before left; the connection's own ``prepare_threshold`` is kept in the
+        pool's record of it and given back when the store closes (:meth:`release`). A connection
+        made with ``prepare_threshold=None`` (no prepared statements, as behind PgBouncer's
+        transaction pooling) keeps psycopg's unnamed statements and its own ``BEGIN``/``COMMIT``.
+        """
+        if getattr(dbapi, "info", None) is None or dbapi.info.transaction_status != _IDLE:
+            return  # a caller left a transaction open on it: try again at the next transaction
         self._server_dbapi = dbapi
         self._server = None
-        if getattr(dbapi, "prepare_threshold", None) is not None and connection_fits(dbapi):
-            dbapi.prepare_threshold = None
-            self._server = ServerStatements()
+        record = conn.connection.info
+        threshold = record.setdefault(_THRESHOLD_KEPT, getattr(dbapi, "prepare_threshold", None))
+        cache: Any = getattr(dbapi, "_prepared", None)
+        if threshold is None or not connection_fits(dbapi) or not _clearable(cache):
+            return
+        server = ServerStatements()
+        # Deallocated with the first PREPAREs, in autocommit (FastPath.defer_begin).
+        server.deallocate_first = bool(cache._names or record.get(_NAMED))
+        dbapi.prepare_threshold = None
+        cache._names.clear()
+        cache._counts.clear()
+        cache._to_flush.clear()
+        record[_NAMED] = True
+        self._threshold_kept = threshold
+        self._server = server
+
+    def _give_back_threshold(self) -> None:
+        dbapi = self._server_dbapi
+        self._server_dbapi, self._server = None, None
+        if dbapi is not None:
+            with suppress(Exception):
+                dbapi.prepare_threshold = self._threshold_kept
 
     @property
     def sends_commit(self) -> bool:
@@ -405,7 +451,7 @@ class FastPath:
         """
         server = self._server
         self.commit_sent = False
-        if server is None or self._dbapi is None or self._dbapi.info.transaction_status != 0:
+        if server is None or self._dbapi is None or self._dbapi.info.transaction_status != _IDLE:
             return False
         try:
             self._dbapi.autocommit = True
@@ -452,6 +498,7 @@ class FastPath:
         ``sqlite3_close`` into a "zombie" close that leaves the file, its locks and its WAL open.)
         The next :meth:`usable` opens a new cursor.
         """
+        self._give_back_threshold()
         cursor, self._cursor, self._dbapi = self._cursor, None, None
         if cursor is not None:
             with suppress(Exception):  # the connection is already gone: nothing left to finalize
@@ -577,13 +624,19 @@ class FastPath:
         a ``COMMIT`` sent after it was not run; a statement name the session lost runs the call
         again."""
         sqlstate = getattr(error, "sqlstate", None)
-        if sqlstate is not None and self._dbapi.info.transaction_status == 3:  # INERROR
+        if sqlstate is not None and self._dbapi.info.transaction_status == _IN_ERROR:
             self.commit_sent = False
         if sqlstate == STATEMENT_GONE:
             server.forget()
             if self._dbapi.autocommit:  # a store-owned transaction: nothing of it is kept
                 raise RestartTransaction from error
         self._failed(conn, error, text, (), cursor)
+
+    def transaction_failed(self) -> bool:
+        """Whether the bound psycopg connection's transaction is aborted (a statement in it failed:
+        a ``COMMIT`` now would roll it back and report no error)."""
+        info = getattr(self._dbapi, "info", None)
+        return info is not None and info.transaction_status == _IN_ERROR
 
     def commit(self, conn: Connection) -> None:
         """COMMIT the driver's transaction (errors wrapped as ``Connection.commit`` wraps them)."""

@@ -42,6 +42,8 @@ KEPT_WRITES_CHANGED: Final = "scheduler:kept-writes-changed"
 """The text a checked combined write casts to an integer when a write's count is not the one
 expected (``write_batch.combined(..., checked=True)``): the error aborts the transaction before
 the ``COMMIT`` sent with it."""
+CANNOT_PREPARE: Final = "42"
+"""SQLSTATE class of a statement PostgreSQL cannot prepare (syntax, types): it stays unnamed."""
 MAX_NAMES: Final = 512
 """Named statements kept per connection (each expanded ``IN`` length is one)."""
 
@@ -103,7 +105,7 @@ def connection_fits(driver: Any) -> bool:
 class ServerStatements:
     """The named statements of one driver connection and the ``BEGIN`` its transaction still owes."""
 
-    __slots__ = ("_counter", "_failed", "_names", "_wanted", "pending_begin")
+    __slots__ = ("_counter", "_failed", "_names", "_wanted", "deallocate_first", "pending_begin")
 
     def __init__(self) -> None:
         self._names: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -112,6 +114,9 @@ class ServerStatements:
         self._counter = 0
         self.pending_begin: str | None = None
         """``BEGIN …`` to send before the transaction's first statement (``None``: sent, or none)."""
+        self.deallocate_first = False
+        """The session may hold prepared statements of psycopg's or of a store that had this pooled
+        connection before: ``DEALLOCATE ALL`` before the first ``PREPARE``."""
 
     def forget(self) -> None:
         """The session lost its statements (a new connection, or SQLSTATE 26000)."""
@@ -134,13 +139,22 @@ class ServerStatements:
     def prepare_wanted(self, cursor: Any) -> None:
         """``PREPARE`` each statement noted since, one at a time, on an idle connection in
         autocommit (a statement PostgreSQL cannot prepare stays on psycopg's path)."""
-        wanted, self._wanted = self._wanted, {}
-        for sql, (name, order) in wanted.items():
+        if self.deallocate_first:
+            cursor.execute("DEALLOCATE ALL", prepare=False)
+            self.deallocate_first = False
+        wanted = list(self._wanted.items())
+        self._wanted = {}
+        for index, (sql, (name, order)) in enumerate(wanted):
             try:
                 cursor.execute(f"PREPARE {name} AS {numbered(sql)[0]}", prepare=False)
             except Exception as error:
-                if getattr(error, "sqlstate", None) is None:
+                sqlstate = getattr(error, "sqlstate", None)
+                if sqlstate is None:
+                    self._wanted.update(wanted[index:])
                     raise  # the connection failed: the caller's failure handling applies
+                if not sqlstate.startswith(CANNOT_PREPARE):
+                    self._wanted.update(wanted[index:])  # a lock or statement timeout: next time
+                    return
                 self._failed.add(sql)
             else:
                 self._names[sql] = (name, order)

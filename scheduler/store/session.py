@@ -27,6 +27,7 @@ from scheduler.schema.target import DEFAULT_SCHEMAS, SchemaTarget
 from scheduler.store import dialects, lifecycle
 from scheduler.store.checkpoints import WalCheckpoints
 from scheduler.store.dialect import StoreDialect
+from scheduler.store.dialects.postgresql import IN_FAILED_TRANSACTION
 from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, missing_tables, storage_unavailable
 from scheduler.store.fastpath import FastPath
@@ -324,11 +325,10 @@ class OwnedRunner(_Base):
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
             tx = self._tx(sample_clock, fast, restartable=restartable, clock_sample=clock_sample)
             result = operation(tx)
-            committed = self._finish_writes(tx, fast)
+            changes = collect(tx)  # inside the transaction: before a COMMIT sent with the writes
+            self._finish_writes(tx, fast)
             returned = True
-            changes = collect(tx)
-            if not committed:
-                self._commit(transaction, fast)
+            self._commit(transaction, fast)  # also ends SQLAlchemy's record of a transaction
             if fast is not None:
                 fast.end_transaction()
             changes.emit()
@@ -351,20 +351,29 @@ class OwnedRunner(_Base):
                 raise
             raise classified from error
 
-    def _finish_writes(self, tx: Tx, fast: FastPath | None) -> bool:
-        """Send what the call kept for its end; whether the ``COMMIT`` went with it (a
-        restartable call on the fast path that wakes no worker: the notification must precede
-        the ``COMMIT``)."""
+    def _finish_writes(self, tx: Tx, fast: FastPath | None) -> None:
+        """Send what the call kept for its end, with the ``COMMIT`` where it can go with it (a
+        restartable call with named statements that wakes no worker: the notification must
+        precede the ``COMMIT``)."""
         woken = wakes_workers(tx.events)
         if fast is not None and fast.sends_commit and tx.restartable and not woken:
-            return tx.flush_writes(commit=True)
+            tx.flush_writes(commit=True)
+            return
         tx.flush_writes()
         self._notify_if_woken(woken)
-        return False
 
     def _commit(self, transaction: Any, fast: FastPath | None) -> None:
         """COMMIT: the SQLAlchemy transaction begun (or auto-begun by a statement SQLAlchemy
-        executed), else the driver's own transaction of the fast path."""
+        executed), else the driver's own transaction of the fast path (nothing is sent when the
+        ``COMMIT`` went with the call's last writes).
+
+        An aborted transaction is never committed (PostgreSQL would roll it back and report no
+        error): ``SCHEDULER_STORAGE_UNAVAILABLE``, 25P02, ``not_committed``.
+        """
+        if fast is not None and fast.transaction_failed():
+            raise storage_unavailable(
+                phase="write", storage_code=IN_FAILED_TRANSACTION, commit_state="not_committed"
+            )
         transaction = transaction or self.conn.get_transaction()
         if transaction is not None:
             transaction.commit()

@@ -161,7 +161,9 @@ def observe_queue_depth(read_depth: Callable[[], Iterable[tuple[str, str, int]]]
 # --------------------------------------------------------------------------- state changes
 
 
-_JOB_KIND: Final = Prepared(select(t.jobs.c.kind).where(t.jobs.c.job_id == bindparam("job_id")))
+_JOB_KIND: Final = Prepared(
+    select(t.jobs.c.kind).where(t.jobs.c.job_id == bindparam("job_id")), reads_jobs_only=True
+)
 
 
 class StateChanges:
@@ -243,13 +245,12 @@ def collect(tx: Tx) -> StateChanges:
     if not _wanted(rows, metrics):
         return _NOTHING
     kinds: dict[str, str] = {}
-    try:
-        for job_id in dict.fromkeys(row["job_id"] for row in rows):  # usually one job per transaction
-            found = tx.first(_JOB_KIND, {"job_id": job_id})
-            if found is not None:
-                kinds[job_id] = found.kind
-    except Exception:  # a failed lookup only loses the kind field
-        logging.getLogger("scheduler.metrics").debug("job kind lookup failed", exc_info=True)
+    for job_id in dict.fromkeys(row["job_id"] for row in rows):  # usually one job per transaction
+        # A failed read fails the call: the statement aborted the transaction, which must not
+        # then be committed as if it had succeeded.
+        found = tx.first(_JOB_KIND, {"job_id": job_id})
+        if found is not None:
+            kinds[job_id] = found.kind
     return StateChanges(list(rows), kinds, metrics)
 
 

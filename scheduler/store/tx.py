@@ -245,8 +245,10 @@ class Tx:
         kept = self._kept
         if (kept or self._kept_events) and not (
             statement is not None
-            and statement.passes_kept_writes
-            and all(write.claim_reads_may_pass for write in kept)
+            and (
+                statement.reads_jobs_only
+                or (statement.passes_kept_writes and all(write.claim_reads_may_pass for write in kept))
+            )
         ):
             self.flush_writes()
 
