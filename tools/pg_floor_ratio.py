@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=200)
     parser.add_argument("--floor", type=int, default=1500)
     options = parser.parse_args()
-    schema = f"pg_floor_ratio_{os.getpid()}"
+    schema = f"floor_ratio_{os.getpid()}"  # ("pg_" is reserved for system schemas)
     url = make_url(options.url)
     raw = psycopg.connect(
         host=url.host or "localhost",
