@@ -342,7 +342,6 @@ class FastPath:
         "_threshold_kept",
         "_translate_map",
         "commit_sent",
-        "committed",
     )
 
     def __init__(self, dialect: Dialect, translate_map: SchemaMap | None = None) -> None:
@@ -356,8 +355,6 @@ class FastPath:
         self._server_dbapi: Any = None
         self._threshold_kept: Any = None
         self._owned = False
-        self.committed = False
-        """The last :meth:`run` with ``commit=True`` sent the ``COMMIT`` with its statement."""
         self.commit_sent = False
         """A ``COMMIT`` went out with a statement in this transaction (it may have been applied,
         whatever was heard back; reset by :meth:`defer_begin`)."""
@@ -614,7 +611,6 @@ class FastPath:
                     count += cursor.rowcount
         except BaseException as error:
             self._named_failed(conn, server, error, text, cursor)
-        self.committed = commit
         return rows, count
 
     def _named_failed(
@@ -652,9 +648,8 @@ class FastPath:
 
         ``parameters`` is ``None``, a dict, or a non-empty list of dicts (``executemany``).
         With ``commit``, the transaction's ``COMMIT`` goes out with the statement where it is a
-        named server-side statement (:attr:`committed` says whether it did).
+        named server-side statement (:attr:`commit_sent`); elsewhere the caller commits as usual.
         """
-        self.committed = False
         done = self._run(conn, prepared, parameters, commit)
         if done is None:
             self.ensure_begun(conn)  # SQLAlchemy sends the statement: it needs the transaction

@@ -109,7 +109,9 @@ class ServerStatements:
 
     def __init__(self) -> None:
         self._names: dict[str, tuple[str, tuple[str, ...]]] = {}
-        self._wanted: dict[str, tuple[str, tuple[str, ...]]] = {}
+        """SQL -> (name, parameter names in ``$n`` order) of the statements prepared."""
+        self._wanted: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+        """SQL -> (name, ``$n`` SQL, parameter names) of the statements to prepare."""
         self._failed: set[str] = set()
         self._counter = 0
         self.pending_begin: str | None = None
@@ -130,7 +132,7 @@ class ServerStatements:
         found = self._names.get(sql)
         if found is None and sql not in self._failed and sql not in self._wanted and self._room():
             self._counter += 1
-            self._wanted[sql] = (f"{NAME_PREFIX}{self._counter}", numbered(sql)[1])
+            self._wanted[sql] = (f"{NAME_PREFIX}{self._counter}", *numbered(sql))
         return found
 
     def _room(self) -> bool:
@@ -144,9 +146,9 @@ class ServerStatements:
             self.deallocate_first = False
         wanted = list(self._wanted.items())
         self._wanted = {}
-        for index, (sql, (name, order)) in enumerate(wanted):
+        for index, (sql, (name, numbered_sql, order)) in enumerate(wanted):
             try:
-                cursor.execute(f"PREPARE {name} AS {numbered(sql)[0]}", prepare=False)
+                cursor.execute(f"PREPARE {name} AS {numbered_sql}", prepare=False)
             except Exception as error:
                 sqlstate = getattr(error, "sqlstate", None)
                 if sqlstate is None:
@@ -172,10 +174,13 @@ def execute_text(
     sets = [arguments] if isinstance(arguments, Mapping) else arguments
     parts = [] if begin is None else [begin]
     for values in sets:
-        rendered = [literal(values[key]) for key in order]
-        if None in rendered:
-            return None
-        parts.append(f"EXECUTE {name}({','.join(rendered)})" if rendered else f"EXECUTE {name}")  # type: ignore[arg-type]
+        rendered: list[str] = []
+        for key in order:
+            text = literal(values[key])
+            if text is None:
+                return None
+            rendered.append(text)
+        parts.append(f"EXECUTE {name}({','.join(rendered)})" if rendered else f"EXECUTE {name}")
     if commit:
         parts.append("COMMIT")
     return "; ".join(parts)

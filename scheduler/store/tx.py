@@ -193,9 +193,9 @@ class Tx:
             self.flush_writes()
         self._kept.append(KeptWrite(statement, parameters, expected, conflict, row, claim_reads_may_pass))
 
-    def flush_writes(self, events: Sequence[dict[str, Any]] = (), *, commit: bool = False) -> bool:
+    def flush_writes(self, events: Sequence[dict[str, Any]] = (), *, commit: bool = False) -> None:
         """Send the kept writes and events and ``events`` (``events`` rows), then check each
-        write's count; whether the transaction's ``COMMIT`` went out with them.
+        write's count.
 
         Kept writes and up to ``MULTI_ROW_EVENTS`` event rows go as one statement where the
         backend combines writes; more event rows follow in one ``executemany``. With ``commit``
@@ -211,7 +211,8 @@ class Tx:
             parts.append((event_rows_insert(len(rest)), event_rows_parameters(rest)))
             rest = []
         if commit and parts and not rest and self._fast is not None:
-            return self._flush_and_commit(kept, parts)
+            self._flush_and_commit(kept, parts)
+            return
         if len(parts) > 1:
             counts = tuple(self.first(combined(tuple(part for part, _ in parts)), combined_parameters(parts)))
         else:
@@ -221,9 +222,8 @@ class Tx:
                 raise write.conflict()
         if rest:
             self.changes(EVENT_INSERT, rest[0] if len(rest) == 1 else rest)
-        return False
 
-    def _flush_and_commit(self, kept: list[KeptWrite], parts: list[tuple[Prepared, dict[str, Any]]]) -> bool:
+    def _flush_and_commit(self, kept: list[KeptWrite], parts: list[tuple[Prepared, dict[str, Any]]]) -> None:
         statement = combined(tuple(part for part, _ in parts), checked=len(kept))
         parameters = combined_parameters(parts, [write.expected for write in kept])
         fast = self._fast
@@ -238,7 +238,6 @@ class Tx:
         for write, count in zip(kept, counts, strict=False):
             if count != write.expected:
                 raise write.conflict()
-        return fast.committed
 
     def _before(self, statement: Prepared | None) -> None:
         """Send the kept writes and events before a statement that could see them."""
