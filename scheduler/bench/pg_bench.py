@@ -65,6 +65,23 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def commit_floor(engine: Engine, table: str, count: int) -> float:
+    """The commit floor: ``count`` one-row ``INSERT`` + ``COMMIT`` on ``table`` (quoted; a scratch
+    table with a ``bigint`` column ``v``) through ``engine``'s driver, on a connection of its own;
+    commits/s."""
+    raw: Any = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        sql = f"INSERT INTO {table} (v) VALUES (%s)"
+        started = time.perf_counter()
+        for index in range(count):
+            cursor.execute(sql, (index,))
+            raw.commit()
+        return count / (time.perf_counter() - started)
+    finally:
+        raw.close()
+
+
 class _Bench:
     """One run: the engines, the bench schema's store and the collected rounds."""
 
@@ -111,17 +128,8 @@ class _Bench:
 
     def floor(self) -> None:
         count = self.config.count(self.config.floor_commits)
-        raw: Any = self.engine.raw_connection()
-        try:
-            cursor = raw.cursor()
-            sql = f"INSERT INTO {quoted(self.engine, self.floor_schema)}.floor (v) VALUES (%s)"
-            started = time.perf_counter()
-            for index in range(count):
-                cursor.execute(sql, (index,))
-                raw.commit()
-            self.record("floor_commits_per_s", count / (time.perf_counter() - started))
-        finally:
-            raw.close()
+        table = f"{quoted(self.engine, self.floor_schema)}.floor"
+        self.record("floor_commits_per_s", commit_floor(self.engine, table, count))
 
     def _server_cpu(self) -> float | None:
         return backend_cpu_s(backend_pids(self.admin, self.tag))
