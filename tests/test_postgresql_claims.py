@@ -4,11 +4,15 @@ Every store here has ``busy_timeout_ms=1`` (``lock_timeout = 1ms``): a call that
 transaction's row lock fails with ``SCHEDULER_STORAGE_UNAVAILABLE`` (55P03, retryable). The
 workers retry such a call and count it. A design where contending claimers wait for each other
 (the candidate's UPDATE waiting for another worker's claim to commit) fails on nearly every
-contended claim; this one may wait only in PostgreSQL's own corner (see
-``scheduler.store.claim_locks``: locking a row version that a claim committed microseconds
-earlier follows its update chain and waits for that worker's next write), so the tests allow a
-handful of retries in a run of hundreds of claims. Rows another worker is in the middle of
-claiming are held by a second connection's open ``SELECT … FOR UPDATE`` transaction.
+contended claim; this one waits only in PostgreSQL's own corner (see
+``scheduler.store.claim_locks``): a claim whose lock statement meets a row that another worker
+claimed and committed microseconds earlier locks that row's new version before it can see the
+change, and holds it until it rolls the attempt back, one round trip later; that worker's settle
+or next lock of the row waits meanwhile. So the tests allow a few retries in a run of hundreds of
+calls: at most one call in :data:`LOCK_TIMEOUT_SHARE` (the tests with a held row show a claim
+never waits for it, exactly). Rows another worker is in
+the middle of claiming are held by a second connection's open ``SELECT … FOR UPDATE``
+transaction.
 """
 
 from __future__ import annotations
@@ -101,33 +105,60 @@ def held(engine: Engine, schema: str, occurrence_ids: list[str]) -> Iterator[Con
         transaction.rollback()
 
 
-MAX_LOCK_TIMEOUTS = 5
-"""Lock-timeout retries allowed in one run of the worker tests (see the module docstring)."""
+LOCK_TIMEOUT_SHARE = 8
+"""At most one call in this many may end in a lock timeout (and be retried) in the worker tests.
+
+Measured on this project's 2-core machines, 15 runs with both cores also busy: 0 to 4.4% of calls
+(mostly a settle waiting for a claimer that locked its just-claimed row, see the module
+docstring); the same runs with the claim's ``SKIP LOCKED`` removed, so contending claimers wait
+for each other: 73 to 78%."""
 
 
-def retried(call: Callable[[], T], timeouts: list[int]) -> T:
-    """``call()``, again after each lock timeout (counted in ``timeouts``)."""
-    while True:
+class Calls:
+    """Calls the workers made and lock timeouts among them (shared by the workers of one run)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.timeouts = 0
+        self.lock = threading.Lock()
+
+    def count(self, *, timeout: bool) -> None:
+        with self.lock:
+            self.made += 1
+            self.timeouts += timeout
+
+    def too_many_timeouts(self) -> bool:
+        return self.timeouts * LOCK_TIMEOUT_SHARE > max(self.made, 100)
+
+
+def retried(call: Callable[[], T], calls: Calls) -> T:
+    """``call()``, again after each lock timeout (counted in ``calls``; at most 50 in a row)."""
+    for _ in range(50):
         try:
-            return call()
+            result = call()
         except SchedulerKernelError as error:
-            if error.details.get("storageCode") != "55P03" or len(timeouts) > MAX_LOCK_TIMEOUTS:
+            if error.details.get("storageCode") != "55P03":
                 raise
-            timeouts.append(1)
+            calls.count(timeout=True)
+        else:
+            calls.count(timeout=False)
+            return result
+    raise AssertionError("50 lock timeouts in a row: the call waits for another worker")
 
 
 def run_workers(open_stores: StoreMaker, count: int = WORKERS) -> list[str]:
     """``count`` workers at once (one thread and store each) claiming and settling until nothing
-    is left; the errors they raised. Lock-timeout retries beyond ``MAX_LOCK_TIMEOUTS`` fail."""
+    is left; the errors they raised. More lock timeouts than one call in ``LOCK_TIMEOUT_SHARE``
+    fail."""
     stores = open_stores(count)
     barrier = threading.Barrier(count)
     failures: list[str] = []
-    timeouts: list[int] = []
+    calls = Calls()
 
     def run(index: int) -> None:
         barrier.wait()
         try:
-            work(stores[index], f"w{index}", index % 3, timeouts)
+            work(stores[index], f"w{index}", index % 3, calls)
         except SchedulerKernelError as error:
             failures.append(f"{error.code} {error.details}")
         except Exception:  # reported, so the assertion shows it
@@ -139,15 +170,15 @@ def run_workers(open_stores: StoreMaker, count: int = WORKERS) -> list[str]:
     for thread in threads:
         thread.join(120)
     assert not any(thread.is_alive() for thread in threads), "a worker did not finish"
-    assert len(timeouts) <= MAX_LOCK_TIMEOUTS, failures
+    assert not calls.too_many_timeouts(), (calls.timeouts, calls.made, failures)
     return failures
 
 
-def work(store: SchedulerStore, owner: str, style: int, timeouts: list[int]) -> None:
+def work(store: SchedulerStore, owner: str, style: int, calls: Calls) -> None:
     """Claim and settle until nothing is left: two calls, one-commit cycles, or batches of 5."""
     if style == 0:
         while (
-            claimed := retried(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE), timeouts)
+            claimed := retried(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE), calls)
         ) is not None:
             settle = {
                 "occurrence_id": claimed.id,
@@ -155,22 +186,22 @@ def work(store: SchedulerStore, owner: str, style: int, timeouts: list[int]) -> 
                 "fence": claimed.fence,
                 "outcome": "succeeded",
             }
-            retried(lambda settle=settle: store.settle(**settle), timeouts)
+            retried(lambda settle=settle: store.settle(**settle), calls)
     elif style == 1:
-        held_now = retried(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE), timeouts)
+        held_now = retried(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE), calls)
         while held_now is not None:
             cycle = {"occurrence_id": held_now.id, "owner_id": owner, "fence": held_now.fence}
             held_now = retried(
                 lambda cycle=cycle: store.settle_and_claim(**cycle, outcome="succeeded", lease_ms=LEASE),
-                timeouts,
+                calls,
             ).claimed
     else:
-        while batch := retried(lambda: store.claim_batch(owner_id=owner, lease_ms=LEASE, limit=5), timeouts):
+        while batch := retried(lambda: store.claim_batch(owner_id=owner, lease_ms=LEASE, limit=5), calls):
             settlements = [
                 {"occurrence_id": one.id, "owner_id": owner, "fence": one.fence, "outcome": "succeeded"}
                 for one in batch
             ]
-            retried(lambda settlements=settlements: store.settle_many(settlements), timeouts)
+            retried(lambda settlements=settlements: store.settle_many(settlements), calls)
 
 
 def test_eight_workers_claim_every_occurrence_exactly_once_without_waiting(

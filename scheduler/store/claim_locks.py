@@ -23,7 +23,8 @@ every row the statement locks is returned, as it is now, and one that changed is
 Each lock attempt runs in a savepoint, kept only when every row locked is still to be claimed or
 swept; otherwise the attempt is rolled back to the savepoint (releasing whatever it locked) and
 repeated without the rows that changed. A worker therefore never keeps a lock on a row it does
-not claim or sweep, and never makes the owner of such a row wait. One savepoint per claim, reused
+not claim or sweep: the owner of a row locked that way (its settle or renew) waits only until the
+attempt is rolled back, one round trip later. One savepoint per claim, reused
 by the next attempt while nothing else ran (a transaction with many subtransactions slows every
 snapshot on the server). A transaction the store owns (``Tx.restartable``) takes no savepoint for
 a claim: where it would roll back to one, it raises ``RestartTransaction`` and the runner rolls
