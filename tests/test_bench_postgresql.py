@@ -83,3 +83,20 @@ def test_the_command_needs_a_url() -> None:
     outcome = CliRunner().invoke(app, ["bench", "--backend", "postgresql"])
     assert outcome.exit_code == 2
     assert "--db" in outcome.output
+
+
+def test_the_scaling_ratio_pairs_the_runs_of_each_round() -> None:
+    """4 workers ÷ 1 worker is taken round by round (runs minutes apart at most), then the median."""
+    from scheduler.bench.pg_bench import _paired_ratio
+
+    runs = [
+        {"round": 1, "workers": 1, "cycles_per_s": 400.0},  # a slow round: the machine was busy
+        {"round": 1, "workers": 4, "cycles_per_s": 600.0},
+        {"round": 2, "workers": 1, "cycles_per_s": 800.0},
+        {"round": 2, "workers": 4, "cycles_per_s": 1600.0},
+        {"round": 3, "workers": 4, "cycles_per_s": 1000.0},
+        {"round": 3, "workers": 1, "cycles_per_s": 800.0},
+        {"round": 4, "workers": 4, "cycles_per_s": 900.0},  # no 1-worker run: not paired
+    ]
+    assert _paired_ratio(runs, 4, 1) == 1.5  # median of 1.5, 2.0, 1.25 (ratio of medians: 1.17)
+    assert _paired_ratio(runs, 8, 1) is None

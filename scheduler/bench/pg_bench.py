@@ -257,6 +257,17 @@ def run_pg_bench(
     return summarize(config, bench.rounds, bench.workers, command)
 
 
+def _paired_ratio(workers: list[dict[str, Any]], many: int, one: int) -> float | None:
+    """The median over rounds of (``many`` workers' cycles/s ÷ ``one`` worker's, same round): the
+    two runs of a round are minutes apart at most, so a machine that slows down or speeds up
+    between rounds moves both sides of each ratio alike."""
+    by_round: dict[int, dict[int, float]] = {}
+    for run in workers:
+        by_round.setdefault(run["round"], {})[run["workers"]] = run["cycles_per_s"]
+    ratios = [runs[many] / runs[one] for runs in by_round.values() if runs.get(one) and many in runs]
+    return _median(ratios) if ratios else None
+
+
 def summarize(
     config: PgBenchConfig, rounds: dict[str, list[float]], workers: list[dict[str, Any]], command: str
 ) -> dict[str, Any]:
@@ -268,8 +279,7 @@ def summarize(
         if key.endswith("cycles_per_s") or key == "enqueue_per_s"
     }
     single = medians.get("settle_and_claim_cycles_per_s", 0.0)
-    one = medians.get("workers_1_cycles_per_s")
-    four = medians.get("workers_4_cycles_per_s")
+    scaling = _paired_ratio(workers, 4, 1)
     exactly_once = all(
         run["settled_exactly_once"] == run["occurrences"] == run["claimed_once"] for run in workers
     )
@@ -278,10 +288,7 @@ def summarize(
             "value": max(single, medians.get("claim_settle_cycles_per_s", 0.0)) / floor,
             "target": SINGLE_TARGET,
         },
-        "four_workers_to_one": {
-            "value": None if not one or not four else four / one,
-            "target": SCALING_TARGET,
-        },
+        "four_workers_to_one": {"value": scaling, "target": SCALING_TARGET},
         "every_occurrence_settled_exactly_once": {"value": exactly_once, "target": True},
     }
     for target in targets.values():

@@ -1,10 +1,14 @@
 """PostgreSQL bench: N worker processes, each on its own connection, draining one queue.
 
-The parent enqueues the run's occurrences, starts ``N`` spawned processes (each opens its own
-store and connection, tagged ``application_name = bench_worker_<run>``), reads their server
-backends' CPU time, releases them together and waits until each found the queue empty. Each
-worker runs ``settle_and_claim`` cycles (one commit per cycle). Then the parent reads the backends'
-CPU time again (the workers stay connected until it has) and proves from the tables that every
+The parent starts ``N`` spawned processes (each opens its own store and connection, tagged
+``application_name = bench_worker_<run>``) and enqueues :data:`WARM_UP_PER_WORKER` occurrences
+per worker, which the workers drain together before they report ready: a worker's first calls
+compile and prepare the store's statements (milliseconds each), a cost a long-running worker
+pays once, which would otherwise weigh N times as much per measured cycle in a run of N workers.
+Then the parent enqueues the run's occurrences, reads the server backends' CPU time, releases
+the workers together and waits until each found the queue empty. Each worker runs
+``settle_and_claim`` cycles (one commit per cycle). Then the parent reads the backends' CPU time
+again (the workers stay connected until it has) and proves from the tables that every
 occurrence of the run was claimed once and settled exactly once.
 """
 
@@ -25,6 +29,7 @@ from scheduler.bench.pg_server import backend_cpu_s, backend_pids, quoted
 START_TIMEOUT_S: Final = 120.0
 RUN_TIMEOUT_S: Final = 1800.0
 MAX_RETRIES: Final = 1000
+WARM_UP_PER_WORKER: Final = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,40 +69,62 @@ def _retrying(call: Any, counter: list[int]) -> Any:
             counter[0] += 1
 
 
-def _worker(url: str, schema: str, tag: str, index: int, ready: Any, go: Any, done: Any, report: Any) -> None:
-    """One worker process: settle_and_claim until the queue is empty, then report and wait."""
+def _drain(store: Any, owner: str, retries: list[int]) -> int:
+    """``settle_and_claim`` cycles until the queue is empty; how many ran."""
+    cycles = 0
+    held = _retrying(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE_MS), retries)
+    while held is not None:
+        current = held
+
+        def cycle(current: Any = current) -> Any:
+            return store.settle_and_claim(
+                occurrence_id=current.id,
+                owner_id=owner,
+                fence=current.fence,
+                outcome="succeeded",
+                lease_ms=LEASE_MS,
+            )
+
+        held = _retrying(cycle, retries).claimed
+        cycles += 1
+    return cycles
+
+
+def _worker(
+    url: str, schema: str, tag: str, index: int, warm: Any, ready: Any, go: Any, done: Any, report: Any
+) -> None:
+    """One worker process: drain the warm-up rows, report ready, drain the run's, report, wait."""
     from scheduler import open_store
 
     engine = worker_engine(url, tag)
     store = open_store(engine, schema=schema)
     owner = f"{tag}-{index}"
     retries = [0]
-    ready.put(index)
-    go.wait()
     started = time.process_time()
     cycles = 0
     try:
-        held = _retrying(lambda: store.claim_next(owner_id=owner, lease_ms=LEASE_MS), retries)
-        while held is not None:
-            current = held
-
-            def cycle(current: Any = current) -> Any:
-                return store.settle_and_claim(
-                    occurrence_id=current.id,
-                    owner_id=owner,
-                    fence=current.fence,
-                    outcome="succeeded",
-                    lease_ms=LEASE_MS,
-                )
-
-            held = _retrying(cycle, retries).claimed
-            cycles += 1
+        warm.wait()
+        _drain(store, owner, [0])
+        ready.put(index)
+        go.wait()
+        started = time.process_time()
+        cycles = _drain(store, owner, retries)
         report.put((index, cycles, retries[0], time.process_time() - started, None))
     except Exception as error:  # reported to the parent, which fails the run
+        ready.put(index)
         report.put((index, cycles, retries[0], time.process_time() - started, repr(error)))
     done.wait()
     store.close()
     engine.dispose()
+
+
+def _enqueue(store: Any, prefix: str, count: int, base: int) -> None:
+    for start in range(0, count, 500):
+        requests = [
+            {"job_id": BENCH_JOB_ID, "scheduled_for": base + i, "trigger_key": f"{prefix}-{i}"}
+            for i in range(start, min(count, start + 500))
+        ]
+        store.enqueue_many(requests)
 
 
 def run_workers(
@@ -106,25 +133,24 @@ def run_workers(
     """Enqueue ``occurrences`` rows, drain them with ``workers`` processes, prove exactly once."""
     prefix = f"w{run}"
     base = int(time.time() * 1000) - 1_000_000_000
-    for start in range(0, occurrences, 500):
-        requests = [
-            {"job_id": BENCH_JOB_ID, "scheduled_for": base + i, "trigger_key": f"{prefix}-{i}"}
-            for i in range(start, min(occurrences, start + 500))
-        ]
-        store.enqueue_many(requests)
     context = multiprocessing.get_context("spawn")
     ready, report = context.Queue(), context.Queue()
-    go, done = context.Event(), context.Event()
+    warm, go, done = context.Event(), context.Event(), context.Event()
     tag = f"bench_worker_{run}"
     processes = [
-        context.Process(target=_worker, args=(url, schema, tag, index, ready, go, done, report), daemon=True)
+        context.Process(
+            target=_worker, args=(url, schema, tag, index, warm, ready, go, done, report), daemon=True
+        )
         for index in range(workers)
     ]
     for process in processes:
         process.start()
     try:
+        _enqueue(store, f"warm{run}", WARM_UP_PER_WORKER * workers, base - 10 * occurrences)
+        warm.set()
         for _ in range(workers):
             ready.get(timeout=START_TIMEOUT_S)
+        _enqueue(store, prefix, occurrences, base)
         pids = backend_pids(engine, tag)
         server_before = backend_cpu_s(pids)
         started = time.perf_counter()
