@@ -156,6 +156,38 @@ def test_statements_the_session_lost_are_named_again(engine: Engine, pg_schema: 
         assert store.get_occurrence(held.id).status == "running"
 
 
+def test_statements_lost_inside_a_transaction_block_are_classified_and_nothing_is_written(
+    engine: Engine, pg_schema: str
+) -> None:
+    """A block cannot be run again by the store: the lost name (SQLSTATE 26000) surfaces as
+    ``SCHEDULER_STORAGE_UNAVAILABLE`` (not retryable inside a ``transaction()`` block, API §8),
+    nothing of the block is written, and the next calls name the statements again."""
+    with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+        held = warmed(store)
+        driver = store.connection.connection.driver_connection
+        before = dump_tables(store)
+
+        def block() -> None:
+            with store.transaction() as tx:
+                driver.execute("DEALLOCATE ALL", prepare=False)
+                tx.renew(occurrence_id=held.id, owner_id="w", fence=held.fence, lease_ms=2 * LEASE)
+                tx.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
+
+        details = storage_error(block)
+        assert details == {
+            "phase": "write",
+            "storageCode": "26000",
+            "commitState": "not_committed",
+            "retryable": False,
+        }
+        assert dump_tables(store) == before
+        for _ in range(3):
+            settled = cycle(store, held)
+            assert settled.settled.status == "succeeded" and settled.claimed is not None
+            held = settled.claimed
+        assert prepared_names(store)
+
+
 def test_a_failure_in_the_statement_sent_with_the_commit_is_not_committed(
     engine: Engine, pg_engine: Engine, pg_schema: str
 ) -> None:

@@ -29,6 +29,7 @@ from scheduler.store.dialect import (
     server_instant,
 )
 from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.server_statements import STATEMENT_GONE
 
 NAME: Final = "postgresql"
 CONCURRENT_WRITERS: Final = True
@@ -290,8 +291,10 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
     psycopg and asyncpg errors carry the server's SQLSTATE; an ``OperationalError`` (or a closed-connection
     ``InterfaceError``) without one is a lost connection, as is an error SQLAlchemy reports as
     having invalidated the connection, or a network ``OSError`` (asyncpg's connect raises them bare).
-    Not retryable: the failure SQLSTATEs, 25P02 (the caller's aborted transaction) and the
-    refusals at connect (classes 28 and 3D).
+    Not retryable: the failure SQLSTATEs, 25P02 (the caller's aborted transaction), 26000 (a
+    named statement someone deallocated on the store's connection, inside a ``transaction()``
+    block: a store-owned call runs again instead, and the store prepares its statements anew)
+    and the refusals at connect (classes 28 and 3D).
     """
     for error in errors:
         if getattr(error, "connection_invalidated", False) is True:
@@ -304,7 +307,7 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
                 return sqlstate, True
             if (
                 sqlstate in FAILURE_SQLSTATES
-                or sqlstate == IN_FAILED_TRANSACTION
+                or sqlstate in (IN_FAILED_TRANSACTION, STATEMENT_GONE)
                 or sqlstate.startswith(CONNECT_SQLSTATE_CLASSES)
             ):
                 return sqlstate, False
