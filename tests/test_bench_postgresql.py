@@ -7,13 +7,16 @@ worker processes, so the run takes seconds; the figures themselves mean nothing 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
 from backends import PostgresServer
 from typer.testing import CliRunner
 
+from scheduler.bench.context import BENCH_JOB_ID
 from scheduler.bench.pg_bench import PgBenchConfig, markdown, run_pg_bench
+from scheduler.bench.pg_workers import WARM_UP_CYCLES, run_workers
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,8 @@ def test_every_worker_run_settled_each_occurrence_exactly_once(result: dict[str,
     assert [run["workers"] for run in runs] == [1, 2]
     for run in runs:
         assert run["settled_exactly_once"] == run["claimed_once"] == run["occurrences"] == 40
-        assert run["cycles"] == 40
+        assert run["cycles"] == 40  # the warm-up cycles are not counted
+        assert run["warmed_least"] >= WARM_UP_CYCLES  # every worker was warmed up
     assert result["targets"]["every_occurrence_settled_exactly_once"]["met"] is True
 
 
@@ -98,5 +102,28 @@ def test_the_scaling_ratio_pairs_the_runs_of_each_round() -> None:
         {"round": 3, "workers": 1, "cycles_per_s": 800.0},
         {"round": 4, "workers": 4, "cycles_per_s": 900.0},  # no 1-worker run: not paired
     ]
-    assert _paired_ratio(runs, 4, 1) == 1.5  # median of 1.5, 2.0, 1.25 (ratio of medians: 1.17)
+    assert _paired_ratio(runs, 4, 1) == 1.5  # median of 1.5, 2.0, 1.25 (ratio of medians: 1.19)
     assert _paired_ratio(runs, 8, 1) is None
+
+
+def test_a_worker_that_fails_fails_the_run_at_once_with_its_error(postgres_server: PostgresServer) -> None:
+    """A worker that cannot connect (a database that does not exist) fails the run with its own
+    error, without waiting out the start or run timeouts."""
+    from scheduler import open_store
+
+    engine = postgres_server.engine
+    schema = f"bench_failing_{os.getpid()}"
+    bad_url = postgres_server.url.set(database="no_such_database_here").render_as_string(hide_password=False)
+    store = open_store(engine, schema=schema)
+    try:
+        store.create_job(
+            id=BENCH_JOB_ID, kind="bench", authority={"principal": {"type": "service", "id": "b"}}
+        )
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"a bench worker failed: .*SCHEDULER_STORAGE_UNAVAILABLE"):
+            run_workers(bad_url, schema, engine, store, 2, 10, "failing")
+        assert time.monotonic() - started < 60
+    finally:
+        store.close()
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')

@@ -1,15 +1,17 @@
 """PostgreSQL bench: N worker processes, each on its own connection, draining one queue.
 
 The parent starts ``N`` spawned processes (each opens its own store and connection, tagged
-``application_name = bench_worker_<run>``) and enqueues :data:`WARM_UP_PER_WORKER` occurrences
-per worker, which the workers drain together before they report ready: a worker's first calls
-compile and prepare the store's statements (milliseconds each), a cost a long-running worker
-pays once, which would otherwise weigh N times as much per measured cycle in a run of N workers.
-Then the parent enqueues the run's occurrences, reads the server backends' CPU time, releases
-the workers together and waits until each found the queue empty. Each worker runs
-``settle_and_claim`` cycles (one commit per cycle). Then the parent reads the backends' CPU time
-again (the workers stay connected until it has) and proves from the tables that every
-occurrence of the run was claimed once and settled exactly once.
+``application_name = bench_worker_<run>``) and warms them up: it enqueues
+:data:`WARM_UP_CYCLES` occurrences per worker and has every worker drain the queue, round after
+round, until each ran that many cycles (not counted). A worker's first calls compile and prepare
+the store's statements (milliseconds each), a cost a long-running worker pays once, which would
+otherwise weigh N times as much per measured cycle in a run of N workers. Then the parent
+enqueues the run's occurrences, reads the server backends' CPU time, releases the workers
+together and waits until each found the queue empty. Each worker runs ``settle_and_claim``
+cycles (one commit per cycle). Then the parent reads the backends' CPU time again (the workers
+stay connected until it has) and proves from the tables that every occurrence of the run was
+claimed once and settled exactly once. A worker's failure fails the run at once (the others are
+killed) with that worker's error.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from scheduler.bench.pg_server import backend_cpu_s, backend_pids, quoted
 START_TIMEOUT_S: Final = 120.0
 RUN_TIMEOUT_S: Final = 1800.0
 MAX_RETRIES: Final = 1000
-WARM_UP_PER_WORKER: Final = 50
+WARM_UP_CYCLES: Final = 20
+"""Cycles each worker runs before it is measured (its statements compiled, prepared and planned)."""
+WARM_UP_ROUNDS: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,8 @@ class WorkerRun:
     server_cpu_s: float | None
     settled_exactly_once: int
     claimed_once: int
+    warmed_least: int = 0
+    """The fewest warm-up cycles a worker ran before the measured run."""
 
     @property
     def cycles_per_s(self) -> float:
@@ -91,31 +97,65 @@ def _drain(store: Any, owner: str, retries: list[int]) -> int:
 
 
 def _worker(
-    url: str, schema: str, tag: str, index: int, warm: Any, ready: Any, go: Any, done: Any, report: Any
+    url: str, schema: str, tag: str, index: int, inbox: Any, ready: Any, go: Any, done: Any, report: Any
 ) -> None:
-    """One worker process: drain the warm-up rows, report ready, drain the run's, report, wait."""
-    from scheduler import open_store
-
-    engine = worker_engine(url, tag)
-    store = open_store(engine, schema=schema)
-    owner = f"{tag}-{index}"
-    retries = [0]
-    started = time.process_time()
-    cycles = 0
+    """One worker process: open the store and say so; drain the queue at each warm-up round the
+    parent asks for (telling it how many cycles ran); then, released with the others, drain the
+    run's queue and report; stay connected until the parent is done."""
+    store: Any = None
+    engine: Any = None
+    started, cycles, retries = time.process_time(), 0, [0]
     try:
-        warm.wait()
-        _drain(store, owner, [0])
-        ready.put(index)
+        from scheduler import open_store
+
+        engine = worker_engine(url, tag)
+        store = open_store(engine, schema=schema)
+        owner = f"{tag}-{index}"
+        ready.put((index, 0, None))
+        while inbox.get(timeout=RUN_TIMEOUT_S):
+            ready.put((index, _drain(store, owner, [0]), None))
         go.wait()
         started = time.process_time()
         cycles = _drain(store, owner, retries)
         report.put((index, cycles, retries[0], time.process_time() - started, None))
     except Exception as error:  # reported to the parent, which fails the run
-        ready.put(index)
+        ready.put((index, 0, repr(error)))
         report.put((index, cycles, retries[0], time.process_time() - started, repr(error)))
-    done.wait()
-    store.close()
-    engine.dispose()
+    done.wait(RUN_TIMEOUT_S)
+    if store is not None:
+        store.close()
+    if engine is not None:
+        engine.dispose()
+
+
+def _answers(ready: Any, workers: int) -> list[int]:
+    """One answer from each worker (its warm-up cycles), in worker order; a worker's failure raises."""
+    counts = [0] * workers
+    for _ in range(workers):
+        index, count, error = ready.get(timeout=START_TIMEOUT_S)
+        if error is not None:
+            raise RuntimeError(f"a bench worker failed: {error}")
+        counts[index] = count
+    return counts
+
+
+def _warm_up(store: Any, ready: Any, inboxes: list[Any], run: str, base: int) -> int:
+    """Warm-up rounds until every worker ran :data:`WARM_UP_CYCLES` cycles (a worker that started
+    late may find a round's rows taken by the others), at most :data:`WARM_UP_ROUNDS`; the fewest
+    cycles a worker ran."""
+    done = [0] * len(inboxes)
+    for round_index in range(WARM_UP_ROUNDS):
+        _enqueue(
+            store, f"warm{run}_{round_index}", WARM_UP_CYCLES * len(inboxes), base - (round_index + 1) * 10**6
+        )
+        for inbox in inboxes:
+            inbox.put(True)
+        done = [total + count for total, count in zip(done, _answers(ready, len(inboxes)), strict=True)]
+        if min(done) >= WARM_UP_CYCLES:
+            break
+    for inbox in inboxes:
+        inbox.put(False)
+    return min(done)
 
 
 def _enqueue(store: Any, prefix: str, count: int, base: int) -> None:
@@ -135,21 +175,23 @@ def run_workers(
     base = int(time.time() * 1000) - 1_000_000_000
     context = multiprocessing.get_context("spawn")
     ready, report = context.Queue(), context.Queue()
-    warm, go, done = context.Event(), context.Event(), context.Event()
+    go, done = context.Event(), context.Event()
+    inboxes = [context.Queue() for _ in range(workers)]
     tag = f"bench_worker_{run}"
     processes = [
         context.Process(
-            target=_worker, args=(url, schema, tag, index, warm, ready, go, done, report), daemon=True
+            target=_worker,
+            args=(url, schema, tag, index, inboxes[index], ready, go, done, report),
+            daemon=True,
         )
         for index in range(workers)
     ]
     for process in processes:
         process.start()
+    finished = False
     try:
-        _enqueue(store, f"warm{run}", WARM_UP_PER_WORKER * workers, base - 10 * occurrences)
-        warm.set()
-        for _ in range(workers):
-            ready.get(timeout=START_TIMEOUT_S)
+        _answers(ready, workers)  # every store open
+        warmed_least = _warm_up(store, ready, inboxes, run, base)
         _enqueue(store, prefix, occurrences, base)
         pids = backend_pids(engine, tag)
         server_before = backend_cpu_s(pids)
@@ -158,11 +200,14 @@ def run_workers(
         results = [report.get(timeout=RUN_TIMEOUT_S) for _ in range(workers)]
         seconds = time.perf_counter() - started
         server_after = backend_cpu_s(pids)
+        finished = True
     except queue.Empty as error:
         raise RuntimeError(f"{workers} bench workers did not finish in time") from error
     finally:
         done.set()
         for process in processes:
+            if not finished:
+                process.kill()  # a failed run: nothing to wait for
             process.join(60)
             if process.is_alive():
                 process.kill()
@@ -181,6 +226,7 @@ def run_workers(
         server_cpu_s=server,
         settled_exactly_once=settled,
         claimed_once=claimed,
+        warmed_least=warmed_least,
     )
 
 

@@ -292,9 +292,10 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
     ``InterfaceError``) without one is a lost connection, as is an error SQLAlchemy reports as
     having invalidated the connection, or a network ``OSError`` (asyncpg's connect raises them bare).
     Not retryable: the failure SQLSTATEs, 25P02 (the caller's aborted transaction), 26000 (a
-    named statement someone deallocated on the store's connection, inside a ``transaction()``
-    block: a store-owned call runs again instead, and the store prepares its statements anew)
-    and the refusals at connect (classes 28 and 3D).
+    prepared statement the session no longer has, on any connection and driver: e.g. one the
+    store named on its own connection that someone deallocated, met inside a ``transaction()``
+    block; a store-owned call runs again instead, and the store names its statements anew) and
+    the refusals at connect (classes 28 and 3D).
     """
     for error in errors:
         if getattr(error, "connection_invalidated", False) is True:
