@@ -15,7 +15,8 @@ are dropped at the end. Each figure is measured in ``rounds`` rounds and reporte
   bypassing the API;
 * 1, 2, 4 and 8 worker processes draining one queue (:mod:`scheduler.bench.pg_workers`): total
   cycles/s, CPU per cycle, and the exactly-once proof;
-* ratios to the floor, and the issue's targets.
+* ratios to the floor, and the issue's targets (4 ÷ 1 workers: the median of each round's own
+  ratio, :func:`_paired_ratio`).
 """
 
 from __future__ import annotations
