@@ -145,9 +145,7 @@ def _warm_up(store: Any, ready: Any, inboxes: list[Any], run: str, base: int) ->
     cycles a worker ran."""
     done = [0] * len(inboxes)
     for round_index in range(WARM_UP_ROUNDS):
-        _enqueue(
-            store, f"warm{run}_{round_index}", WARM_UP_CYCLES * len(inboxes), base - (round_index + 1) * 10**6
-        )
+        _enqueue(store, f"warm{run}_{round_index}", WARM_UP_CYCLES * len(inboxes), base)
         for inbox in inboxes:
             inbox.put(True)
         done = [total + count for total, count in zip(done, _answers(ready, len(inboxes)), strict=True)]
