@@ -9,10 +9,9 @@ contended claim; this one waits only in PostgreSQL's own corner (see
 claimed and committed microseconds earlier locks that row's new version before it can see the
 change, and holds it until it rolls the attempt back, one round trip later; that worker's settle
 or next lock of the row waits meanwhile. So the tests allow a few retries in a run of hundreds of
-calls: at most one call in :data:`LOCK_TIMEOUT_SHARE` (the tests with a held row show a claim
-never waits for it, exactly). Rows another worker is in
-the middle of claiming are held by a second connection's open ``SELECT … FOR UPDATE``
-transaction.
+calls: at most one call attempt in :data:`LOCK_TIMEOUT_SHARE` (the tests with a held row show a
+claim never waits for it, exactly). Rows another worker is in the middle of claiming are held by
+a second connection's open ``SELECT … FOR UPDATE`` transaction.
 """
 
 from __future__ import annotations
@@ -149,8 +148,8 @@ def retried(call: Callable[[], T], calls: Calls) -> T:
 
 def run_workers(open_stores: StoreMaker, count: int = WORKERS) -> list[str]:
     """``count`` workers at once (one thread and store each) claiming and settling until nothing
-    is left; the errors they raised. More lock timeouts than one call in ``LOCK_TIMEOUT_SHARE``
-    fail."""
+    is left; the errors they raised. More lock timeouts than one call attempt in
+    ``LOCK_TIMEOUT_SHARE`` fail."""
     stores = open_stores(count)
     barrier = threading.Barrier(count)
     failures: list[str] = []
