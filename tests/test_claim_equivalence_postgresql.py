@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
 
@@ -32,6 +33,7 @@ from test_claim_equivalence import (
     raw,
     states_strategy,
 )
+from test_postgresql_claims import as_among_workers
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.schema import tables as t
@@ -152,6 +154,65 @@ def test_claim_next_on_postgresql_matches_sqlite(
             owner_id=OWNER, lease_ms=LEASE, job_kind=job_kind, workspace_id=workspace_id
         )
     )
+
+
+@PG_EQUIVALENCE
+@given(state=states_strategy, filters=FILTERS)
+def test_claim_next_among_workers_on_postgresql_matches_sqlite(
+    pair: Pair, state: Any, filters: tuple[Any, str | None]
+) -> None:
+    """The window of heads (the first ``HEAD_WINDOW`` due rows of each status, claimed from up
+    to the first row it cannot decide on) chooses what the full statement would."""
+    pair.build(state)
+    job_kind, workspace_id = filters
+    with among_workers(pair.pg):
+        pair.both(
+            lambda store: store.claim_next(
+                owner_id=OWNER, lease_ms=LEASE, job_kind=job_kind, workspace_id=workspace_id
+            )
+        )
+
+
+@PG_EQUIVALENCE
+@given(state=states_strategy, filters=FILTERS, succeeded=st.booleans())
+def test_settle_and_claim_among_workers_on_postgresql_matches_sqlite(
+    pair: Pair, state: Any, filters: tuple[Any, str | None], succeeded: bool
+) -> None:
+    """The cycle's first statement with the window of heads: the settlement and the next claim
+    equal SQLite's."""
+    pair.build(state)
+    job_kind, workspace_id = filters
+    pair.both(lambda store: store.claim_next(owner_id=OWNER, lease_ms=LEASE))
+    held = pair.db.execute(
+        "SELECT occurrence_id, fence FROM occurrences WHERE status = 'running' AND lease_owner = ?"
+        " ORDER BY occurrence_id LIMIT 1",
+        (OWNER,),
+    ).fetchone()
+    if held is None:
+        return
+    with among_workers(pair.pg):
+        pair.both(
+            lambda store: store.settle_and_claim(
+                occurrence_id=held[0],
+                owner_id=OWNER,
+                fence=held[1],
+                outcome="succeeded" if succeeded else "failed",
+                lease_ms=LEASE,
+                job_kind=job_kind,
+                workspace_id=workspace_id,
+            )
+        )
+
+
+@contextmanager
+def among_workers(store: SchedulerStore) -> Iterator[None]:
+    """``store``'s single claims on the path among workers for the block, then quiet again."""
+    quiet = store._claims.quiet
+    as_among_workers(store)
+    try:
+        yield
+    finally:
+        store._claims.quiet = quiet
 
 
 @PG_EQUIVALENCE

@@ -586,8 +586,9 @@ def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again
         store.close()
 
 
+@pytest.mark.parametrize("window", [False, True], ids=["head", "window"])
 @pytest.mark.parametrize("server_clock", [True, False])
-def test_the_cycle_statement_renders_without_a_dialect(server_clock: bool) -> None:
+def test_the_cycle_statement_renders_without_a_dialect(server_clock: bool, window: bool) -> None:
     """``str()`` of the cycle's first statement (the diagnostic tools name statements so) renders
     each PostgreSQL-only construct by name; SQLite refuses them."""
     from sqlalchemy.dialects import sqlite
@@ -595,7 +596,7 @@ def test_the_cycle_statement_renders_without_a_dialect(server_clock: bool) -> No
 
     from scheduler.store import cycle_read
 
-    statement = cycle_read._prepared(claim_query.NO_FILTER.shape, server_clock).statement
+    statement = cycle_read._prepared(claim_query.NO_FILTER.shape, server_clock, window).statement
     text_of = str(statement)
     assert "row_version(occurrences)" in text_of and "micros_since((SELECT cycle_started.at" in text_of
     assert ("server_clock_ms()" in text_of) == server_clock

@@ -83,6 +83,12 @@ def open_stores(pg_engine: Engine, pg_schema: str, clock: Clock) -> Iterator[Sto
         store.close()
 
 
+def as_among_workers(store: SchedulerStore) -> None:
+    """Keep ``store``'s single claims on the path they take once other workers held their first
+    candidates (the window of heads, ``ClaimContention``), whatever its own claims meet."""
+    store._claims.quiet = -(10**9)
+
+
 def enqueue(store: SchedulerStore, count: int, *, job_id: str = "job-1", max_attempts: int = 3) -> list[str]:
     """``count`` occurrences of one job, due one ms apart from ``T0 - count`` (the first is oldest)."""
     store.create_job(id=job_id, kind="agenda", authority=AUTHORITY, max_attempts=max_attempts)
@@ -481,10 +487,12 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
     open_stores: StoreMaker, pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Workers reading the same head of the queue do not pay a statement per row another holds:
-    one lock statement over the candidate list passes over the held ones and locks the first
-    free row, and nothing is rolled back. A single claim first reads and tries only the head of
-    the queue; once a head was held, the store's claims read the list at once, until
-    ``ClaimContention.QUIET_CLAIMS`` claims in a row took their first candidate."""
+    one lock statement over the candidates passes over the held ones and locks the first free
+    row, and nothing is rolled back. A single claim first reads and tries only the head of the
+    queue; once a head was held, the store's claims read the first ``claim_query.HEAD_WINDOW``
+    due rows of each status (the window) and lock the first free one, and read the full list
+    only when the window holds none, until ``ClaimContention.QUIET_CLAIMS`` claims in a row
+    took their first candidate."""
     (store,) = open_stores(1)
     made = enqueue(store, 20)
     seen: list[str] = []
@@ -495,6 +503,7 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
         id(claim_query.head_probe_prepared(claim_query.NO_FILTER)): "head",
         id(claim_query.head_probe_and_lock_prepared(claim_query.NO_FILTER)): "head+lock",
         id(claim_query.claim_next_prepared(claim_query.NO_FILTER)): "list",
+        id(claim_query.head_window_prepared(claim_query.NO_FILTER)): "window",
     }
 
     def all_(tx: Any, statement: Any, parameters: Any = None) -> Any:
@@ -517,13 +526,17 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
 
     # A store-owned claim reads the heads and locks the head in one statement, and takes no
     # SAVEPOINT (it restarts instead: test_kept_writes.py).
+    assert claim_query.HEAD_WINDOW == 4
     with held(pg_engine, pg_schema, made[:5]):
         assert claim() == [made[5], "head+lock", "list", "lock"]
-        assert claim() == [made[6], "list", "lock"]
+        # the window (made[0:4]) is all held: the full list is read
+        assert claim() == [made[6], "window", "lock", "list", "lock"]
+    with held(pg_engine, pg_schema, made[:2]):
+        assert claim() == [made[2], "window", "lock"]  # the window's first free row
     quiet = [claim() for _ in range(claim_locks.ClaimContention.QUIET_CLAIMS)]
-    assert quiet == [[made[index], "list", "lock"] for index in (0, 1, 2, 3, 4, 7, 8, 9)]
-    assert claim() == [made[10], "head+lock"]
+    assert quiet == [[made[index], "window", "lock"] for index in (0, 1, 3, 4, 7, 8, 9, 10)]
+    assert claim() == [made[11], "head+lock"]
     with store.transaction() as tx:  # a caller's transaction cannot restart: savepoints, as before
         seen.clear()
         claimed = tx.claim_next(owner_id="w", lease_ms=LEASE)
-        assert claimed is not None and [claimed.id, *seen] == [made[11], "head", "SAVEPOINT", "lock"]
+        assert claimed is not None and [claimed.id, *seen] == [made[12], "head", "SAVEPOINT", "lock"]

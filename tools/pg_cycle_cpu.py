@@ -10,7 +10,9 @@ CPU per cycle (the backend's ``/proc/<pid>/stat``, read as the bench reads it; t
 local). ``--analyze`` runs
 ``ANALYZE occurrences`` first (the state autovacuum brings a real queue to); ``--per-statement``
 also prints the client CPU and wall time of each fast-path statement (it wraps the fast path's
-calls, adding ~2 µs to each). ``--warm-up N`` runs N cycles first (the statements' first runs,
+calls, adding ~2 µs to each). ``--contended`` keeps the store on the claim path it takes among workers
+holding its first candidates (``ClaimContention``), to measure that path's own cost alone.
+``--warm-up N`` runs N cycles first (the statements' first runs,
 and their naming); ``--floor N`` measures the commit floor (N one-row ``INSERT`` + ``COMMIT``
 through psycopg, ``scheduler.bench.pg_bench.commit_floor``) just before and just after the
 measured cycles and prints the cycles' ratio to it: on a machine whose speed drifts from one
@@ -94,6 +96,11 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--analyze", action="store_true")
     parser.add_argument("--per-statement", action="store_true")
+    parser.add_argument(
+        "--contended",
+        action="store_true",
+        help="claim as among workers that hold the first candidates (the window of heads), alone",
+    )
     parser.add_argument("--warm-up", type=int, default=0, help="cycles run before the measured ones")
     parser.add_argument(
         "--floor", type=int, default=0, help="measure the commit floor (this many commits) before and after"
@@ -120,6 +127,8 @@ def main() -> None:
         if args.analyze:
             with admin.begin() as connection:
                 connection.exec_driver_sql(f'ANALYZE "{schema}".occurrences')
+        if args.contended:
+            store._claims.quiet = -(10**9)  # never QUIET_CLAIMS in a row: the path among workers
         held = store.claim_next(owner_id="w", lease_ms=60_000)
 
         def cycles(count: int) -> None:

@@ -185,9 +185,12 @@ class ClaimContention:
     While the first candidate of each claim was free, a single claim reads only the heads of the
     queue (``claim_query.head_probe_prepared``, what the SQLite store reads: ~40% of the full
     read's server time) and locks the head. Once a head was held by another worker, claims read
-    the full candidate list at once (the head alone would be a wasted statement among workers
-    taking the same head), until :data:`QUIET_CLAIMS` claims in a row took their first candidate.
-    The choice changes only which statements find the candidate, never which one is claimed.
+    the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status instead (the window,
+    ``claim_plan.window_plan``; within ``settle_and_claim``, in the cycle's first statement) and
+    lock the first free one with :data:`LOCK_CANDIDATES`, reading the full candidate list only
+    when the window cannot decide, until :data:`QUIET_CLAIMS` claims in a row took their first
+    candidate. The choice changes only which statements find the candidate, never which one is
+    claimed.
     """
 
     __slots__ = ("quiet",)

@@ -110,6 +110,7 @@ class ClaimPlan:
         "_running",
         "_streams",
         "_sweep",
+        "_truncated",
         "target",
         "window_ends",
     )
@@ -121,12 +122,14 @@ class ClaimPlan:
         *,
         read_limit: int | None = None,
         done: set[str] | None = None,
+        truncated: bool = False,
     ) -> None:
         """``rows``: the claim statement's result. With ``read_limit`` (the statement's
         ``arm_limit``) the plan tracks which due arms may hold more rows than were read, and
         :meth:`next_candidate` stops rather than pass over them once they run dry. ``done``:
         occurrences already claimed, swept or given up in this transaction (left out; shared
-        and extended by this plan)."""
+        and extended by this plan). ``truncated``: the due rows given stop short of a row
+        that may come before unread ones, so once they run out the next candidate is unknown."""
         expired: list[StoredRow] = []
         due: dict[str, list[StoredRow]] = {arm: [] for arm in DUE_STREAMS}
         self.window_ends: dict[str, int | None] = {}
@@ -145,6 +148,7 @@ class ClaimPlan:
         self._open: set[str] = set()
         if read_limit is not None:
             self._open = {arm for arm, streamed in due.items() if len(streamed) >= read_limit}
+        self._truncated = truncated
         self._done: set[str] = set() if done is None else done
         if self._done:
             due = {arm: self._fresh(streamed) for arm, streamed in due.items()}
@@ -194,14 +198,17 @@ class ClaimPlan:
 
     @property
     def dry(self) -> bool:
-        """A due arm that may hold unread rows has run out: the next candidate is unknown."""
+        """A due arm that may hold unread rows has run out, or the due rows of a truncated plan
+        have: the next candidate is unknown."""
+        if self._truncated and not any(self._streams.values()):
+            return True
         return any(not self._streams[arm] for arm in self._open)
 
     def next_candidate(self) -> StoredRow | None:
         """The next occurrence to claim, or ``None`` (also when :attr:`dry`: read again)."""
         while self._running and self._running[0].occurrence_id in self._done:
             self._running.popleft()
-        if self._open and self.dry:
+        if (self._open or self._truncated) and self.dry:
             return None
         streams = [stream for stream in (*self._streams.values(), self._running) if stream]
         if not streams:
@@ -259,6 +266,25 @@ def head_plan(rows: Sequence[StoredRow], now: int) -> ClaimPlan | None:
         return ClaimPlan((), now)
     head = min(rows, key=sort_key)
     return ClaimPlan([head], now) if claimable(head, now) else None
+
+
+def window_plan(rows: Sequence[StoredRow], now: int, heads: int) -> ClaimPlan | None:
+    """The plan of one claim among workers from the first ``heads`` due entries of each waiting
+    status (``claim_query.head_window_prepared``), or ``None`` (an expired lease to act on: read
+    it all).
+
+    Its candidates are the claimable rows in the seed's order up to the first row that is not
+    claimable (which the full statement may pass over for a row this probe did not read), and
+    it runs :attr:`~ClaimPlan.dry` (read everything again) where an arm that returned ``heads``
+    rows runs out, or all of its rows do when it stopped at an unclaimable one: past those rows
+    the order is unknown. So every candidate it yields is the one the full statement would
+    yield next.
+    """
+    if any(row.arm == ARM_EXPIRED for row in rows):
+        return None
+    ordered = sorted(rows, key=sort_key)
+    cut = next((index for index, row in enumerate(ordered) if not claimable(row, now)), len(ordered))
+    return ClaimPlan(ordered[:cut], now, read_limit=heads, done=set(), truncated=cut < len(ordered))
 
 
 def due_rows_beyond_window(

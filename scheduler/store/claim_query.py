@@ -52,6 +52,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.sqltypes import NullType
+from sqlalchemy.sql.util import ClauseAdapter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
@@ -64,6 +65,10 @@ SWEEP_LIMIT: Final = 100
 # every path on small states).
 WINDOW = 32
 """Due index entries per status the first probe may walk beyond the ``limit`` it wants."""
+HEAD_WINDOW: Final = 4
+"""Due entries per waiting status a single claim reads once other workers held its first
+candidates (``claim_plan.window_plan``): the rows they hold and the next free ones, read with the
+heads' cost instead of the full candidate statement's."""
 JOB_PROBE_BUDGET = 4096
 """Occurrences (any status) of the eligible jobs the beyond-the-window probe may read."""
 EXPIRED_PROBE = SWEEP_LIMIT
@@ -275,25 +280,44 @@ def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
     return union_all(*arms, select(expired.subquery("expired")), *map(_window_marker, WINDOW_MARKERS))
 
 
-def _due_head(arm: str, jobs: ColumnElement[Any]) -> Select[Any]:
-    """The first due index entry of a waiting status, eligible or not (its checks as columns)."""
-    return (
-        select(*_columns(arm, jobs, null()))
-        .select_from(_WITH_CONTROL)
-        .where(o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
+def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
+    """The first ``heads`` due index entries of a waiting status, eligible or not (their checks
+    as columns).
+
+    More than one is read from ``occurrences`` alone first, then joined to the control, requeue
+    and job rows: with the limit and the joins in one query, a planner that estimates no more
+    due rows than the limit (a table not analyzed since it grew) joins every due row and sorts
+    them, a read as deep as the queue on every claim.
+    """
+    due = (o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
+    if heads == 1:
+        return (
+            select(*_columns(arm, jobs, null()))
+            .select_from(_WITH_CONTROL)
+            .where(*due)
+            .order_by(*_claim_order(o))
+            .limit(_ONE)
+        )
+    first = (
+        select(o)
+        .where(*due)
         .order_by(*_claim_order(o))
-        .limit(_ONE)
+        .limit(literal_column(str(heads)))
+        .subquery(f"first_{DUE_ARMS[arm]}")
     )
+    adapter = ClauseAdapter(first)
+    columns = [adapter.traverse(column) for column in _columns(arm, jobs, null())]
+    return select(*columns).select_from(first.outerjoin(_c, _c.c.occurrence_id == first.c.occurrence_id))
 
 
-def _build_head_probe(shape: Shape) -> CompoundSelect[Any]:
+def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
     jobs = job_filter(shape)
     untyped = type_coerce(jobs, NullType())  # job_ok as the driver returns it (as in _build_claim_next)
-    heads: list[Any] = [
-        select(_due_head(arm, untyped).subquery(f"head_{status}")) for arm, status in DUE_ARMS.items()
+    arms: list[Any] = [
+        select(_due_head(arm, untyped, heads).subquery(f"head_{status}")) for arm, status in DUE_ARMS.items()
     ]
     expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
-    return union_all(*heads, select(expired.subquery("expired")))
+    return union_all(*arms, select(expired.subquery("expired")))
 
 
 def _plain(probe: Any) -> ColumnElement[bool]:
@@ -323,16 +347,20 @@ def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
 
 
 def build_head_probe_and_lock(
-    shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
+    shape: Shape,
+    now: ColumnElement[Any] | None = None,
+    lock_if: ColumnElement[bool] | None = None,
+    heads: int = 1,
 ) -> Select[Any]:
     """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
     nothing expired is to be acted on and the head is :func:`_plain` (what the probe's reader
     would then lock next). Every probe row comes back with the ``locked_*`` columns of the row
     as locked (its newest version; NULL where nothing was locked) and ``head_plain``. ``now``:
     an expression for the call's time in place of the bind ``:now``; ``lock_if``: a further
-    condition for locking the head."""
-    heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
-    probe = heads.cte("probe").prefix_with("MATERIALIZED")
+    condition for locking the head; ``heads``: due entries read per waiting status
+    (:data:`HEAD_WINDOW` for a claim among workers, which locks nothing here)."""
+    probed = _build_head_probe(shape, heads)
+    probe = (probed if now is None else _with_now(probed, now)).cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     head = (
         select(probe.c.occurrence_id, _plain(probe).label("plain"))
@@ -399,6 +427,9 @@ _CLAIM_NEXT_PREPARED: Final = {
 _HEAD_PROBE_PREPARED: Final = {
     shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in _SHAPES
 }
+_HEAD_WINDOW_PREPARED: Final = {
+    shape: Prepared(_build_head_probe(shape, HEAD_WINDOW), passes_kept_writes=True) for shape in _SHAPES
+}
 _HEAD_PROBE_AND_LOCK_PREPARED: Final = {
     shape: Prepared(build_head_probe_and_lock(shape), passes_kept_writes=True, locks=True)
     for shape in _SHAPES
@@ -442,6 +473,13 @@ def head_probe_prepared(claim_filter: ClaimFilter) -> Prepared:
     act on (params: :func:`head_probe_params`). When no such lease exists and the earlier of the
     two heads is claimable, that head is what the full statement would choose."""
     return _HEAD_PROBE_PREPARED[claim_filter.shape]
+
+
+def head_window_prepared(claim_filter: ClaimFilter) -> Prepared:
+    """:func:`head_probe_prepared` reading the first :data:`HEAD_WINDOW` due entries of each
+    waiting status: the candidates of a claim among workers that hold the first ones
+    (``claim_plan.window_plan``; params: :func:`head_probe_params`)."""
+    return _HEAD_WINDOW_PREPARED[claim_filter.shape]
 
 
 def head_probe_and_lock_prepared(claim_filter: ClaimFilter) -> Prepared:

@@ -35,6 +35,14 @@ statement's snapshot, taken before the lock, so the call runs again the usual wa
   planning of an ``EXECUTE`` sent in a simple query — the named statements' first runs, and
   any run after a plan invalidation — as a wait.)
 
+Among workers that hold the first candidates (``claim_locks.ClaimContention``) the statement
+reads the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status and locks none of
+them: a head locked here on the statement's older snapshot is often one another worker claimed
+and committed meanwhile (PostgreSQL then locks its newest version, and the call would have to
+run again), so the first free row of the window is locked by a statement of its own
+(``claim_locks.LOCK_CANDIDATES``, on a fresh snapshot): three statements a contended cycle,
+where reading the full candidate list made four.
+
 Each result row carries the settled row (``settled_<column>``, the same on every row) and one
 probe row (its own column names, ``arm`` NULL when nothing is due), so the rows serve as they
 are as the probe's rows.
@@ -47,11 +55,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, bindparam, exists, func, literal_column, select, true
+from sqlalchemy import BigInteger, bindparam, exists, false, func, literal_column, select, true
 
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.claim_query import ClaimFilter, Shape, build_head_probe_and_lock, head_probe_params
+from scheduler.store.claim_query import (
+    HEAD_WINDOW,
+    ClaimFilter,
+    Shape,
+    build_head_probe_and_lock,
+    head_probe_params,
+)
 from scheduler.store.dialect import micros_since, row_version, server_clock_ms, server_instant
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.settlement import CURRENT_ROWS
@@ -67,7 +81,7 @@ _as_read = t.occurrences.alias("settled_as_read")
 _CURRENT_NAMES: Final = tuple(column.name for column in CURRENT_ROWS.selected_columns)
 
 
-def _build(shape: Shape, server_clock: bool) -> Any:
+def _build(shape: Shape, server_clock: bool, window: bool) -> Any:
     started = select(server_instant().label("at")).cte("cycle_started").prefix_with("MATERIALIZED")
     started_at = select(started.c.at).scalar_subquery()
     current = (
@@ -94,7 +108,11 @@ def _build(shape: Shape, server_clock: bool) -> Any:
         current.c.fence == bindparam("p_fence"),
         current.c.lease_expires_at > clock_now,
     )
-    heads = build_head_probe_and_lock(shape, now=clock_now, lock_if=lease_held).subquery("heads")
+    if window:  # a claim among workers: candidates to lock in a statement of their own
+        heads = build_head_probe_and_lock(shape, now=clock_now, lock_if=false(), heads=HEAD_WINDOW)
+    else:
+        heads = build_head_probe_and_lock(shape, now=clock_now, lock_if=lease_held)
+    probed = heads.subquery("heads")
     as_read = (
         select(row_version(_as_read))
         .where(_as_read.c.occurrence_id == bindparam("p_id"))
@@ -106,13 +124,13 @@ def _build(shape: Shape, server_clock: bool) -> Any:
         as_read,
         clock.c.now.label(SETTLED_PREFIX + "server_now"),
         clock.c.waited_us.label(SETTLED_PREFIX + "waited_us"),
-        heads,
-    ).select_from(current.join(clock, true()).outerjoin(heads, true()))
+        probed,
+    ).select_from(current.join(clock, true()).outerjoin(probed, true()))
 
 
 @functools.cache
-def _prepared(shape: Shape, server_clock: bool) -> Prepared:
-    return Prepared(_build(shape, server_clock), locks=True)
+def _prepared(shape: Shape, server_clock: bool, window: bool) -> Prepared:
+    return Prepared(_build(shape, server_clock, window), locks=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +142,12 @@ class CycleRead:
     heads: Sequence[StoredRow]
 
 
-def read_cycle(tx: Tx, occurrence_id: str, owner_id: str, fence: int, claim_filter: ClaimFilter) -> CycleRead:
+def read_cycle(
+    tx: Tx, occurrence_id: str, owner_id: str, fence: int, claim_filter: ClaimFilter, window: bool = False
+) -> CycleRead:
     """Run the statement for the settlement of ``occurrence_id`` (held by ``owner_id`` at ``fence``)
-    and a claim with ``claim_filter``;
+    and a claim with ``claim_filter``; with ``window``, the probe reads ``claim_query.HEAD_WINDOW``
+    due entries per status and locks none (a claim among workers holding the first ones);
     with the server clock (``Tx.clock_unread``), ``tx``'s clock is read after the lock, else the
     injected clock's sample is ``now``. A restartable transaction only (a long lock wait
     restarts the call)."""
@@ -137,7 +158,7 @@ def read_cycle(tx: Tx, occurrence_id: str, owner_id: str, fence: int, claim_filt
     params["p_id"] = occurrence_id
     params["p_owner"] = owner_id
     params["p_fence"] = fence
-    rows = tx.all(_prepared(claim_filter.shape, server_clock), params)
+    rows = tx.all(_prepared(claim_filter.shape, server_clock, window), params)
     if not rows:
         return CycleRead(None, ())
     first = rows[0]

@@ -28,9 +28,10 @@ from scheduler.store.claim_locks import (
     locked_head,
     locked_sweep,
 )
-from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, read_plan
+from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, read_plan, window_plan
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
+    HEAD_WINDOW,
     PAUSE_REQUESTED,
     PLAIN_CLAIM_GUARD,
     RESUMED,
@@ -39,6 +40,7 @@ from scheduler.store.claim_query import (
     head_probe_and_lock_prepared,
     head_probe_params,
     head_probe_prepared,
+    head_window_prepared,
 )
 from scheduler.store.cycle_read import read_cycle
 from scheduler.store.dialect import greatest
@@ -360,11 +362,7 @@ def claim_in(
     """
     claims = Claims(tx, owner, lease_ms, events)
     if tx.concurrent:
-        if (
-            limit != 1
-            or contention is None
-            or not _claim_head(tx, claims, claim_filter, contention, probed)
-        ):
+        if limit != 1 or contention is None or not _claim_head(tx, claims, claim_filter, contention, probed):
             _claim_locked(tx, claims, claim_filter, limit, contention)
         return claims.write()
     plan = read_plan(tx, claim_filter, limit)
@@ -385,16 +383,24 @@ def _claim_head(
     probed: Sequence[StoredRow] | None = None,
 ) -> bool:
     """A single claim decided by the heads of the queue alone (see ``ClaimContention``): True
-    when it is decided (the head claimed, or nothing due), False to read the full candidate list
-    (expired leases to act on, a head not claimable, or a head another worker holds)."""
-    if not contention.probe_first and probed is None:
-        return False
-    # A restartable claim reads the heads and locks a plain head in one statement
-    # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
+    when it is decided (a head claimed, or nothing due), False to read the full candidate list
+    (expired leases to act on, a head not claimable, or the heads other workers hold).
+
+    ``probed``: the probe's rows, read in this transaction with the same choice of probe (the
+    head probe and lock while the queue is quiet, else the window of heads).
+    """
+    window = not contention.probe_first
     rows = probed
     if rows is None:
-        probe = head_probe_and_lock_prepared if tx.restartable else head_probe_prepared
+        if window:
+            probe = head_window_prepared
+        else:
+            probe = head_probe_and_lock_prepared if tx.restartable else head_probe_prepared
         rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
+    if window:
+        return _claim_from_window(tx, claims, rows, contention)
+    # A restartable claim read the heads and locked a plain head in one statement
+    # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
     plan = head_plan(rows, tx.now)
     head = None if plan is None else plan.next_candidate()
     fresh = locked_head(tx, rows, head) if tx.restartable else None
@@ -410,6 +416,27 @@ def _claim_head(
     if locked:
         claims.claim(locked[0], targeted=False)
     return bool(locked)
+
+
+def _claim_from_window(
+    tx: Tx, claims: Claims, rows: Sequence[StoredRow], contention: ClaimContention
+) -> bool:
+    """``_claim_head`` among workers: the first free candidate of the window of heads
+    (``claim_plan.window_plan``) locked and claimed; False where the window cannot decide."""
+    plan = window_plan(rows, tx.now, HEAD_WINDOW)
+    if plan is None:
+        return False
+    candidates: list[StoredRow] = []
+    while (candidate := plan.next_candidate()) is not None:
+        candidates.append(candidate)
+    if not candidates:
+        return not plan.dry  # nothing is due, or the window cannot tell
+    locked, seen = lock_candidates(tx, candidates, 1)
+    contention.took_first(bool(locked) and seen == 1)
+    if locked:
+        claims.claim(locked[0], targeted=False)
+        return True
+    return not plan.dry  # every due row is held or taken, or read the full list
 
 
 def _claim_locked(
@@ -483,9 +510,10 @@ def settle_and_claim_in(
     read: dict[str, dict[str, Any]] | None = None
     # A retry due at once would be one of the heads: such a settlement reads them after it.
     retry_now = not request.succeeded and request.retryable and request.retry_at is None
-    if tx.restartable and contention is not None and contention.probe_first and not retry_now:
-        # settle's read and the heads at once
-        cycle = read_cycle(tx, request.occurrence_id, request.owner_id, request.fence, claim_filter)
+    if tx.restartable and contention is not None and not retry_now:
+        # settle's read and the heads at once (the window of heads among workers: _claim_head)
+        window = not contention.probe_first
+        cycle = read_cycle(tx, request.occurrence_id, request.owner_id, request.fence, claim_filter, window)
         read = {} if cycle.current is None else {request.occurrence_id: cycle.current}
         probed = cycle.heads
     settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease, read=read)
