@@ -346,21 +346,24 @@ def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
     return replaced
 
 
+def build_head_window(shape: Shape, now: ColumnElement[Any]) -> CompoundSelect[Any]:
+    """The first :data:`HEAD_WINDOW` due entries of each waiting status and at most one expired
+    lease (:func:`head_window_prepared`'s rows), with ``now`` in place of the bind ``:now``."""
+    window: CompoundSelect[Any] = _with_now(_build_head_probe(shape, HEAD_WINDOW), now)
+    return window
+
+
 def build_head_probe_and_lock(
-    shape: Shape,
-    now: ColumnElement[Any] | None = None,
-    lock_if: ColumnElement[bool] | None = None,
-    heads: int = 1,
+    shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
 ) -> Select[Any]:
     """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
     nothing expired is to be acted on and the head is :func:`_plain` (what the probe's reader
     would then lock next). Every probe row comes back with the ``locked_*`` columns of the row
     as locked (its newest version; NULL where nothing was locked) and ``head_plain``. ``now``:
     an expression for the call's time in place of the bind ``:now``; ``lock_if``: a further
-    condition for locking the head; ``heads``: due entries read per waiting status
-    (:data:`HEAD_WINDOW` for a claim among workers, which locks nothing here)."""
-    probed = _build_head_probe(shape, heads)
-    probe = (probed if now is None else _with_now(probed, now)).cte("probe").prefix_with("MATERIALIZED")
+    condition for locking the head."""
+    heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
+    probe = heads.cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     head = (
         select(probe.c.occurrence_id, _plain(probe).label("plain"))
