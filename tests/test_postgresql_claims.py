@@ -526,15 +526,15 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
 
     # A store-owned claim reads the heads and locks the head in one statement, and takes no
     # SAVEPOINT (it restarts instead: test_kept_writes.py).
-    assert claim_query.HEAD_WINDOW == 4
-    with held(pg_engine, pg_schema, made[:5]):
-        assert claim() == [made[5], "head+lock", "list", "lock"]
-        # the window (made[0:4]) is all held: the full list is read
-        assert claim() == [made[6], "window", "lock", "list", "lock"]
+    assert claim_query.HEAD_WINDOW == 8
+    with held(pg_engine, pg_schema, made[:8]):
+        assert claim() == [made[8], "head+lock", "list", "lock"]
+        # the window (made[0:8]) is all held: the full list is read
+        assert claim() == [made[9], "window", "lock", "list", "lock"]
     with held(pg_engine, pg_schema, made[:2]):
         assert claim() == [made[2], "window", "lock"]  # the window's first free row
     quiet = [claim() for _ in range(claim_locks.ClaimContention.QUIET_CLAIMS)]
-    assert quiet == [[made[index], "window", "lock"] for index in (0, 1, 3, 4, 7, 8, 9, 10)]
+    assert quiet == [[made[index], "window", "lock"] for index in (0, 1, 3, 4, 5, 6, 7, 10)]
     assert claim() == [made[11], "head+lock"]
     with store.transaction() as tx:  # a caller's transaction cannot restart: savepoints, as before
         seen.clear()

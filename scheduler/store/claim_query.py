@@ -65,7 +65,7 @@ SWEEP_LIMIT: Final = 100
 # every path on small states).
 WINDOW = 32
 """Due index entries per status the first probe may walk beyond the ``limit`` it wants."""
-HEAD_WINDOW: Final = 4
+HEAD_WINDOW: Final = 8
 """Due entries per waiting status a single claim reads once other workers held its first
 candidates (``claim_plan.window_plan``): the rows they hold and the next free ones, read with the
 heads' cost instead of the full candidate statement's."""
