@@ -128,6 +128,13 @@ def outcome(run: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer) -> Iterator[Pair]:
+    yield from paired_stores(tmp_path_factory, postgres_server)
+
+
+def paired_stores(
+    tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer
+) -> Iterator[Pair]:
+    """A :class:`Pair` on a fresh SQLite file and a fresh schema, closed and dropped after."""
     path = tmp_path_factory.mktemp("pg_equivalence") / "claims.sqlite"
     schema = unique_name("t_claims_eq")
     sqlite_store = open_store(path, clock=lambda: NOW)

@@ -40,10 +40,12 @@ reads the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status and 
 them: a head locked here on the statement's older snapshot is often one another worker claimed
 and committed meanwhile (PostgreSQL then locks its newest version, and the call would have to
 run again), so the first free row of the window is locked by a statement of its own
-(``claim_locks.LOCK_CANDIDATES``, on a fresh snapshot): three statements a contended cycle,
-where reading the full candidate list made four. That window (``claim_query.build_head_window``)
-replaces the probe and lock: no ``locked_*`` columns and no ``head_plain`` (with them, always
-NULL, the statement cost ~60 µs more server CPU per cycle).
+(``claim_locks.lock_candidates``: ``LOCK_CANDIDATE_ROWS`` on a fresh snapshot): three statements
+a contended cycle whose first free candidate is plain, where reading the full candidate list made
+four. Since contended cycles also take this statement, a lock wait over :data:`MAX_WAIT_US` or a
+settled row changed meanwhile runs them again too, as it does quiet ones. The window
+(``claim_query.build_head_window``) replaces the probe and lock: no ``locked_*`` columns and no
+``head_plain`` (with them, always NULL, the statement cost ~60 µs more server CPU per cycle).
 
 Each result row carries the settled row (``settled_<column>``, the same on every row) and one
 probe or window row (its own column names, ``arm`` NULL when nothing is due), so the rows serve as they
@@ -139,7 +141,8 @@ def _prepared(shape: Shape, server_clock: bool, window: bool) -> Prepared:
 @dataclass(frozen=True, slots=True)
 class CycleRead:
     """What the statement read: the settled row's columns (``None``: no such occurrence) and
-    the head probe's rows (with the ``locked_*`` columns of the head it locked)."""
+    the head probe's rows (with the ``locked_*`` columns of the head it locked), or the window
+    of heads' rows (``window``: no ``locked_*`` columns)."""
 
     current: dict[str, Any] | None
     heads: Sequence[StoredRow]

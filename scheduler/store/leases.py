@@ -358,7 +358,8 @@ def claim_in(
 
     With ``events`` given, the events are appended there for the caller to write. ``contention``
     (the store's): how a single claim among concurrent writers reads its candidates; ``probed``:
-    the rows of ``claim_query.build_head_probe_and_lock`` already read in this transaction.
+    the rows of ``claim_query.build_head_probe_and_lock`` (quiet) or ``build_head_window`` (among
+    workers: ``ClaimContention.probe_first`` false) already read in this transaction.
     """
     claims = Claims(tx, owner, lease_ms, events)
     if tx.concurrent:
