@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from test_claim_equivalence import FILTERS, LEASE, NOW, OWNER, T0, OccurrenceSpec, jobs_strategy
-from test_claim_equivalence_postgresql import Pair, outcome, paired_stores
+from test_claim_equivalence_postgresql import Pair, among_workers, outcome, paired_stores
 from test_postgresql_claims import as_among_workers, enqueue, held
 from test_postgresql_races import AUTHORITY
 
@@ -87,9 +87,7 @@ def full_list_only() -> Iterator[None]:
 
 def run_among_workers(store: SchedulerStore, call: Callable[[Any], Any], in_transaction: bool) -> Any:
     """``call(store)``, or ``call(view)`` inside ``store.transaction()``, as among workers."""
-    quiet = store._claims.quiet
-    as_among_workers(store)
-    try:
+    with among_workers(store):
         if not in_transaction:
             return outcome(lambda: call(store))
 
@@ -99,8 +97,6 @@ def run_among_workers(store: SchedulerStore, call: Callable[[Any], Any], in_tran
                 return call(view)
 
         return outcome(in_block)
-    finally:
-        store._claims.quiet = quiet
 
 
 def held_rows(made: list[str], picks: list[int], *, besides: str | None = None) -> list[str]:
