@@ -9,6 +9,7 @@ claim applied, so nothing is read back. ``renew`` returns its row from the UPDAT
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from sqlalchemy import and_, bindparam, update
@@ -28,7 +29,14 @@ from scheduler.store.claim_locks import (
     locked_head,
     locked_sweep,
 )
-from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, read_plan, window_plan
+from scheduler.store.claim_plan import (
+    ClaimPlan,
+    claimable,
+    head_plan,
+    keeps_attempt,
+    read_plan,
+    window_plan,
+)
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     HEAD_WINDOW,
@@ -59,6 +67,7 @@ from scheduler.store.settlement import (
     settle_many_in,
 )
 from scheduler.store.tx import RestartTransaction, Tx
+from scheduler.store.window_pick import PendingPick
 
 MAX_CLAIM_BATCH: Final = 1000
 LEASE_EXPIRED_ERROR: Final = {
@@ -245,6 +254,20 @@ class Claims:
 
     def claim(self, row: StoredRow, *, targeted: bool) -> None:
         """Claim one eligible candidate (seed: the claim UPDATE, its bookkeeping and event)."""
+        update, event, record = self.prepare(row, targeted=targeted)
+        assert record is not None
+        self.updates.append(update)
+        self.rows.append(row)
+        self.guarded.append(isinstance(row, LockedAsProbed))
+        self.events.add(**event)
+        self.claimed.append(record)
+
+    def prepare(
+        self, row: StoredRow, *, targeted: bool, record: bool = True
+    ) -> tuple[dict[str, Any], dict[str, Any], Occurrence | None]:
+        """What :meth:`claim` of ``row`` writes and returns, recorded nowhere: the claim
+        ``UPDATE``'s parameters, the claim event's ``EventLog.add`` arguments and (with
+        ``record``) the claimed record."""
         attempt = row.attempt + (0 if keeps_attempt(row) else 1)
         fence = row.fence + 1
         changes = {
@@ -256,19 +279,15 @@ class Claims:
             "updated_at": self.tx.now,
             "settled_at": None,
         }
-        self.updates.append(
-            {
-                "p_id": row.occurrence_id,
-                "p_fence": row.fence,
-                "p_attempt": attempt,
-                "p_next_fence": fence,
-                "p_owner": self.owner,
-                "p_expires": self.expires,
-                "p_now": self.tx.now,
-            }
-        )
-        self.rows.append(row)
-        self.guarded.append(isinstance(row, LockedAsProbed))
+        update = {
+            "p_id": row.occurrence_id,
+            "p_fence": row.fence,
+            "p_attempt": attempt,
+            "p_next_fence": fence,
+            "p_owner": self.owner,
+            "p_expires": self.expires,
+            "p_now": self.tx.now,
+        }
         data: dict[str, Any] = {
             "attempt": attempt,
             "previousOwner": row.lease_owner,
@@ -282,15 +301,15 @@ class Claims:
             data["resumedWithoutAttempt"] = True
         if row.retry_request_id is not None:
             data["retryRequestId"] = row.retry_request_id
-        self.events.add(
-            job_id=row.job_id,
-            occurrence_id=row.occurrence_id,
-            type="occurrence_reclaimed" if row.status == RUNNING else "occurrence_claimed",
-            owner_id=self.owner,
-            fence=fence,
-            data=data,
-        )
-        self.claimed.append(occurrence_record(row, changes))
+        event = {
+            "job_id": row.job_id,
+            "occurrence_id": row.occurrence_id,
+            "type": "occurrence_reclaimed" if row.status == RUNNING else "occurrence_claimed",
+            "owner_id": self.owner,
+            "fence": fence,
+            "data": data,
+        }
+        return update, event, occurrence_record(row, changes) if record else None
 
     def write(self) -> list[Occurrence]:
         """The claim UPDATEs (one executemany), control and requeue bookkeeping, then the events."""
@@ -353,6 +372,8 @@ def claim_in(
     events: EventLog | None = None,
     contention: ClaimContention | None = None,
     probed: Sequence[StoredRow] | None = None,
+    *,
+    pick_in_writes: bool = False,
 ) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep.
 
@@ -360,10 +381,18 @@ def claim_in(
     (the store's): how a single claim among concurrent writers reads its candidates; ``probed``:
     the rows of ``claim_query.build_head_probe_and_lock`` (quiet) or ``build_head_window`` (among
     workers: ``ClaimContention.probe_first`` false) already read in this transaction.
+    ``pick_in_writes``: a claim from the window of heads may be left to the call's writes
+    statement (``Tx.pick_later``; the caller takes the claimed record from ``Tx.pick_pending``
+    once the writes were sent, and nothing is returned for it here).
     """
     claims = Claims(tx, owner, lease_ms, events)
     if tx.concurrent:
-        if limit != 1 or contention is None or not _claim_head(tx, claims, claim_filter, contention, probed):
+        decided = (
+            limit == 1
+            and contention is not None
+            and _claim_head(tx, claims, claim_filter, contention, probed, pick_in_writes)
+        )
+        if not decided:
             _claim_locked(tx, claims, claim_filter, limit, contention)
         return claims.write()
     plan = read_plan(tx, claim_filter, limit)
@@ -382,10 +411,12 @@ def _claim_head(
     claim_filter: ClaimFilter,
     contention: ClaimContention,
     probed: Sequence[StoredRow] | None = None,
+    pick_in_writes: bool = False,
 ) -> bool:
     """A single claim decided by the heads of the queue alone (see ``ClaimContention``): True
-    when it is decided (a head claimed, or nothing due), False to read the full candidate list
-    (expired leases to act on, a head not claimable, or the heads other workers hold).
+    when it is decided (a head claimed, or nothing due, or the claim left to the writes
+    statement), False to read the full candidate list (expired leases to act on, a head not
+    claimable, or the heads other workers hold).
 
     ``probed``: the probe's rows, read in this transaction with the same choice of probe (the
     head probe and lock while the queue is quiet, else the window of heads).
@@ -399,7 +430,7 @@ def _claim_head(
             probe = head_probe_and_lock_prepared if tx.restartable else head_probe_prepared
         rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
     if window:
-        return _claim_from_window(tx, claims, rows, contention)
+        return _claim_from_window(tx, claims, rows, contention, pick_in_writes)
     # A restartable claim read the heads and locked a plain head in one statement
     # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
     plan = head_plan(rows, tx.now)
@@ -420,10 +451,15 @@ def _claim_head(
 
 
 def _claim_from_window(
-    tx: Tx, claims: Claims, rows: Sequence[StoredRow], contention: ClaimContention
+    tx: Tx,
+    claims: Claims,
+    rows: Sequence[StoredRow],
+    contention: ClaimContention,
+    pick_in_writes: bool = False,
 ) -> bool:
     """``_claim_head`` among workers: the first free candidate of the window of heads
-    (``claim_plan.window_plan``) locked and claimed; False where the window cannot decide."""
+    (``claim_plan.window_plan``) locked and claimed, or left to the writes statement; False
+    where the window cannot decide."""
     plan = window_plan(rows, tx.now, HEAD_WINDOW)
     if plan is None:
         return False
@@ -432,12 +468,35 @@ def _claim_from_window(
         candidates.append(candidate)
     if not candidates:
         return not plan.dry  # nothing is due, or the window cannot tell
+    if pick_in_writes and _pick_later(tx, claims, candidates, plan.dry, contention):
+        return True
     locked, seen = lock_candidates(tx, candidates, 1)
     contention.took_first(bool(locked) and seen == 1)
     if locked:
         claims.claim(locked[0], targeted=False)
         return True
     return not plan.dry  # every due row is held or taken, or read the full list
+
+
+def _pick_later(
+    tx: Tx, claims: Claims, candidates: Sequence[StoredRow], dry: bool, contention: ClaimContention
+) -> bool:
+    """Leave the claim of the first free of ``candidates`` to the writes statement
+    (:mod:`scheduler.store.window_pick`) where it can be (``PendingPick.of``)."""
+    if not tx.picks_in_writes:
+        return False
+    pick = PendingPick.of(
+        _CLAIM_GUARDED,
+        candidates,
+        lambda row, record: claims.prepare(row, targeted=False, record=record),
+        tx.now,
+        may_be_empty=not dry,
+        done=lambda position: contention.took_first(position == 0),
+    )
+    if pick is None:
+        return False
+    tx.pick_later(pick)
+    return True
 
 
 def _claim_locked(
@@ -520,8 +579,22 @@ def settle_and_claim_in(
     settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease, read=read)
     if probed is not None and settled.status == RETRY_WAIT and settled.available_at <= tx.now:
         raise RestartTransaction  # the heads were read before the retry made its row due
-    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events, contention, probed)
+    pick_in_writes = probed is not None
+    claimed = claim_in(
+        tx,
+        request.owner_id,
+        lease_ms,
+        claim_filter,
+        1,
+        events,
+        contention,
+        probed,
+        pick_in_writes=pick_in_writes,
+    )
     events.flush(tx)
+    pick = tx.pick_pending
+    if pick is not None:  # claimed by the writes statement: its record once they were sent
+        tx.finish = lambda cycle: replace(cycle, claimed=pick.picked)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
 
 

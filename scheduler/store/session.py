@@ -327,6 +327,8 @@ class OwnedRunner(_Base):
             result = operation(tx)
             changes = collect(tx)  # inside the transaction: before a COMMIT sent with the writes
             self._finish_writes(tx, fast)
+            if tx.finish is not None:
+                result = tx.finish(result)
             returned = True
             self._commit(transaction, fast)  # also ends SQLAlchemy's record of a transaction
             if fast is not None:

@@ -233,6 +233,13 @@ def _wanted(rows: Sequence[Mapping[str, Any]], metrics: dict[str, Any] | None) -
     return any(events_log.isEnabledFor(STATES.get(row["event_type"], ("", _INFO))[1]) for row in rows)
 
 
+def records_event(event_type: str) -> bool:
+    """Whether an event row of ``event_type`` would be logged or counted (metrics are on)."""
+    return METRICS.instruments() is not None or events_log.isEnabledFor(
+        STATES.get(event_type, ("", _INFO))[1]
+    )
+
+
 def collect(tx: Tx) -> StateChanges:
     """The state changes of ``tx`` (read the job kinds while the transaction is still open).
 

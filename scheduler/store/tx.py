@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from sqlalchemy import Connection, Row, insert
 from sqlalchemy.engine import CursorResult
@@ -30,6 +30,9 @@ from scheduler.store.write_batch import (
     event_rows_insert,
     event_rows_parameters,
 )
+
+if TYPE_CHECKING:
+    from scheduler.store.window_pick import PendingPick
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -74,11 +77,13 @@ class Tx:
         "_kept_events",
         "_key_locks",
         "_now",
+        "_pick",
         "_sampler",
         "_uuid_factory",
         "claim_savepoint_kept",
         "concurrent",
         "events",
+        "finish",
         "options",
         "restartable",
     )
@@ -116,6 +121,10 @@ class Tx:
         self.options = options
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
+        self._pick: PendingPick | None = None
+        self.finish: Callable[[Any], Any] | None = None
+        """Applied by the runner to the call's result once its writes were sent (a claim taken by
+        the writes statement: :meth:`pick_later`)."""
         self.claim_savepoint_kept = False
         """The claim-lock savepoint was just rolled back to (or locked nothing) and no statement
         that writes or locks ran since, so the next lock round may start from it
@@ -193,6 +202,23 @@ class Tx:
             self.flush_writes()
         self._kept.append(KeptWrite(statement, parameters, expected, conflict, row, claim_reads_may_pass))
 
+    @property
+    def picks_in_writes(self) -> bool:
+        """A claim may be left to the writes statement (:meth:`pick_later`): the store owns the
+        transaction, keeps its writes and sends them through the fast path."""
+        return self.restartable and self._keep_writes and self._fast is not None
+
+    def pick_later(self, pick: PendingPick) -> None:
+        """Leave the claim of the first free of ``pick``'s candidates to the statement that sends
+        the kept writes (:mod:`scheduler.store.window_pick`); ``pick.picked`` is the claimed
+        record once it ran. Only where :attr:`picks_in_writes`."""
+        assert self.picks_in_writes and self._pick is None
+        self._pick = pick
+
+    @property
+    def pick_pending(self) -> PendingPick | None:
+        return self._pick
+
     def flush_writes(self, events: Sequence[dict[str, Any]] = (), *, commit: bool = False) -> None:
         """Send the kept writes and events and ``events`` (``events`` rows), then check each
         write's count.
@@ -206,6 +232,10 @@ class Tx:
         kept, self._kept = self._kept, []
         rest = [*self._kept_events, *events]
         self._kept_events = []
+        pick, self._pick = self._pick, None
+        if pick is not None:
+            self._flush_pick(pick, kept, rest, commit)
+            return
         parts = [(write.statement, write.parameters) for write in kept]
         if rest and len(rest) <= MULTI_ROW_EVENTS and (kept or len(rest) > 1 or commit):
             parts.append((event_rows_insert(len(rest)), event_rows_parameters(rest)))
@@ -239,14 +269,40 @@ class Tx:
             if count != write.expected:
                 raise write.conflict()
 
+    def _flush_pick(
+        self, pick: PendingPick, kept: list[KeptWrite], rest: list[dict[str, Any]], commit: bool
+    ) -> None:
+        """The kept writes, the pending claim and the events as one checked statement (with the
+        ``COMMIT`` where ``commit``); a count not as expected runs the call again."""
+        fast = self._fast
+        if fast is None or len(rest) > MULTI_ROW_EVENTS:
+            raise RestartTransaction  # run again without leaving the claim to the writes
+        statement, parameters = pick.writes(
+            [(write.statement, write.parameters) for write in kept], [write.expected for write in kept], rest
+        )
+        try:
+            done = fast.run(self._conn, statement, parameters, commit=commit)
+            row = done[0][0] if done is not None else self.first(statement, parameters)
+        except DBAPIError as error:
+            if counts_differed(error):
+                raise RestartTransaction from error
+            raise
+        pick.resolve(row.picked)
+        if pick.event is not None:
+            self.events.append(pick.event)
+
     def _before(self, statement: Prepared | None) -> None:
         """Send the kept writes and events before a statement that could see them."""
         kept = self._kept
-        if (kept or self._kept_events) and not (
+        if (kept or self._kept_events or self._pick is not None) and not (
             statement is not None
             and (
                 statement.reads_jobs_only
-                or (statement.passes_kept_writes and all(write.claim_reads_may_pass for write in kept))
+                or (
+                    self._pick is None
+                    and statement.passes_kept_writes
+                    and all(write.claim_reads_may_pass for write in kept)
+                )
             )
         ):
             self.flush_writes()
