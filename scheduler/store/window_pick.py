@@ -173,9 +173,11 @@ class PendingPick:
         """
         if not 0 < len(candidates) <= MAX_CANDIDATES or records_event(CLAIMED):
             return None
-        first_update, first_event, _ = prepare(candidates[0], False)
-        for row in candidates:
-            update, event, _record = prepare(row, False)
+        prepared = [prepare(row, False) for row in candidates]
+        first_update, first_event, _ = prepared[0]
+        encoded: set[str] = set()  # statuses whose event data the statement's text was checked for
+        for row, (update, event, _record) in zip(candidates, prepared, strict=True):
+            data = {"attempt": row.attempt + 1, "previousOwner": None, "previousStatus": row.status}
             if not (
                 plain(row)
                 and row.status in _WAITING
@@ -186,9 +188,13 @@ class PendingPick:
                 and event["type"] == CLAIMED
                 and event["owner_id"] == first_event["owner_id"]
                 and event["job_id"] == row.job_id
-                and event_data_json(event["data"]) == claim_data_json(row.attempt + 1, row.status)
+                and event["data"] == data
             ):
                 return None
+            if row.status not in encoded:  # the attempt, below 33 (the CHECK), is its digits
+                if event_data_json(data) != claim_data_json(row.attempt + 1, row.status):
+                    return None
+                encoded.add(row.status)
         shared = {renamed: first_update[name] for name, renamed in _CLAIM_BINDS.items()}
         shared["claim_event_type"] = CLAIMED
         shared["claim_event_occurred_at"] = now
