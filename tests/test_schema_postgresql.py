@@ -14,6 +14,7 @@ from backends import sqlite_engine, unique_name
 from schema_support import T0, UPGRADE_NOW, seed_v1_rows, table_rows
 from sqlalchemy import Connection, Engine, text
 
+from scheduler import open_store
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import (
     MIGRATION_CHECKSUMS,
@@ -346,6 +347,23 @@ def test_empty_existing_schema_is_created_into(pg_engine: Engine, pg_schema: str
         assert initialize_or_upgrade(connection, now=T0, schema=pg_schema) == 0
     with pg_engine.connect() as connection:
         assert schema_fingerprint(connection, schema=pg_schema) == SCHEMA_V6_PG_FINGERPRINT
+
+
+def test_autovacuum_settings_on_the_queue_table_are_not_drift(pg_engine: Engine, pg_schema: str) -> None:
+    """docs/postgresql.md ("Vacuum and the head of the queue") advises operators to set
+    autovacuum storage parameters on ``occurrences``: the fingerprint does not cover them, so the
+    catalog still verifies and the store opens."""
+    create(pg_engine, pg_schema)
+    tamper(
+        pg_engine,
+        pg_schema,
+        f"ALTER TABLE {quote_identifier(pg_schema)}.occurrences "
+        "SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000)",
+    )
+    with pg_engine.connect() as connection:
+        assert schema_fingerprint(connection, schema=pg_schema) == SCHEMA_V6_PG_FINGERPRINT
+        verify_schema(connection, 6, schema=pg_schema)
+    open_store(pg_engine, schema=pg_schema).close()
 
 
 def test_application_tables_elsewhere_are_untouched(pg_engine: Engine, pg_schema: str) -> None:
