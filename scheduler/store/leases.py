@@ -29,14 +29,7 @@ from scheduler.store.claim_locks import (
     locked_head,
     locked_sweep,
 )
-from scheduler.store.claim_plan import (
-    ClaimPlan,
-    claimable,
-    head_plan,
-    keeps_attempt,
-    read_plan,
-    window_plan,
-)
+from scheduler.store.claim_plan import ClaimPlan, claimable, head_plan, keeps_attempt, read_plan, window_plan
 from scheduler.store.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
     HEAD_WINDOW,
@@ -382,7 +375,7 @@ def claim_in(
     the rows of ``claim_query.build_head_probe_and_lock`` (quiet) or ``build_head_window`` (among
     workers: ``ClaimContention.probe_first`` false) already read in this transaction.
     ``pick_in_writes``: a claim from the window of heads may be left to the call's writes
-    statement (``Tx.pick_later``; the caller takes the claimed record from ``Tx.pick_pending``
+    statement (``Tx.pick_later``; the caller takes the claimed record from ``Tx.pick``
     once the writes were sent, and nothing is returned for it here).
     """
     claims = Claims(tx, owner, lease_ms, events)
@@ -592,7 +585,7 @@ def settle_and_claim_in(
         pick_in_writes=pick_in_writes,
     )
     events.flush(tx)
-    pick = tx.pick_pending
+    pick = tx.pick
     if pick is not None:  # claimed by the writes statement: its record once they were sent
         tx.finish = lambda cycle: replace(cycle, claimed=pick.picked)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)

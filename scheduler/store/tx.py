@@ -85,6 +85,7 @@ class Tx:
         "events",
         "finish",
         "options",
+        "pick",
         "restartable",
     )
 
@@ -122,6 +123,9 @@ class Tx:
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
         self._pick: PendingPick | None = None
+        self.pick: PendingPick | None = None
+        """The claim left to the writes statement in this transaction (:meth:`pick_later`), sent
+        or not yet; ``pick.picked`` is its record once the writes were sent."""
         self.finish: Callable[[Any], Any] | None = None
         """Applied by the runner to the call's result once its writes were sent (a claim taken by
         the writes statement: :meth:`pick_later`)."""
@@ -212,12 +216,8 @@ class Tx:
         """Leave the claim of the first free of ``pick``'s candidates to the statement that sends
         the kept writes (:mod:`scheduler.store.window_pick`); ``pick.picked`` is the claimed
         record once it ran. Only where :attr:`picks_in_writes`."""
-        assert self.picks_in_writes and self._pick is None
-        self._pick = pick
-
-    @property
-    def pick_pending(self) -> PendingPick | None:
-        return self._pick
+        assert self.picks_in_writes and self.pick is None
+        self._pick = self.pick = pick
 
     def flush_writes(self, events: Sequence[dict[str, Any]] = (), *, commit: bool = False) -> None:
         """Send the kept writes and events and ``events`` (``events`` rows), then check each
