@@ -24,7 +24,7 @@ from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, as_among_workers, enqueue, held
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store import claim_query, leases, tx
+from scheduler.store import claim_query, leases, tx, window_pick
 from scheduler.store.telemetry import EVENTS_LOGGER
 from scheduler.testing import dump_tables
 
@@ -241,3 +241,23 @@ def test_with_claims_logged_the_claim_keeps_its_own_lock_statement(
     assert picks == [] and result[2] is not None
     claimed = [record for record in caplog.records if getattr(record, "state", None) == "claimed"]
     assert any(getattr(record, "occurrence", None) == result[2][0] for record in claimed)
+
+
+def test_the_writes_statement_is_built_after_the_shared_claim_statement_was_used(
+    postgres_server: PostgresServer,
+) -> None:
+    """The writes statement is built the first time a process needs it, often after other claims
+    used the shared claim ``UPDATE`` (whose column collections SQLAlchemy then memoizes; a
+    statement copied from it with a ``RETURNING`` lacked those columns: ``AttributeError:
+    job_id``, seen with 8 workers). It is built from a new copy of that statement."""
+    assert leases._CLAIM_GUARDED.statement.exported_columns is not None  # memoized, as by a use
+    window_pick._statement.cache_clear()
+
+    def scenario(run: Run) -> Any:
+        with picks_left_to_the_writes() as picks:
+            return run.made, cycle(run.store, run.made[0], 1), picks
+
+    with_pick, without = both_ways(postgres_server, 4, scenario)
+    (made, result, picks), tables = with_pick
+    assert result == (made[0], "succeeded", (made[1], 1)) and picks == [3]
+    assert without == ((made, result, []), tables)

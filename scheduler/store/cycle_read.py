@@ -73,7 +73,7 @@ from scheduler.store.claim_query import (
     head_probe_params,
 )
 from scheduler.store.dialect import micros_since, row_version, server_clock_ms, server_instant
-from scheduler.store.fastpath import Prepared, StoredRow
+from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.settlement import CURRENT_ROWS
 from scheduler.store.tx import RestartTransaction, Tx
 
@@ -135,8 +135,13 @@ def _build(shape: Shape, server_clock: bool, window: bool) -> Any:
     ).select_from(current.join(clock, true()).outerjoin(probed, true()))
 
 
-@functools.cache
 def _prepared(shape: Shape, server_clock: bool, window: bool) -> Prepared:
+    with STATEMENTS_LOCK:  # built from module-level statements every thread shares
+        return _built(shape, server_clock, window)
+
+
+@functools.cache
+def _built(shape: Shape, server_clock: bool, window: bool) -> Prepared:
     return Prepared(_build(shape, server_clock, window), locks=True)
 
 

@@ -56,8 +56,10 @@ _NEUTRAL_OPTIONS: Final = frozenset({"isolation_level", "logging_token"})
 _TRANSLATE_MAP: Final = "schema_translate_map"
 # Compiling a shared module-level statement in several threads at once can see another thread's
 # half-built lazy attributes on SQLAlchemy 2.0 ("All selectables passed to CompoundSelect must
-# have identical numbers of columns … has 0"): plans are compiled one at a time (once each).
-_COMPILING: Final = threading.Lock()
+# have identical numbers of columns … has 0"): plans are compiled one at a time (once each), and
+# statements built from shared ones (``write_batch.combined``, ``window_pick``, ``cycle_read``)
+# are built under the same lock, since copying a statement reads the same lazy attributes.
+STATEMENTS_LOCK: Final = threading.Lock()
 # psycopg's transaction status values (psycopg.pq.TransactionStatus), and the keys of the pool's
 # record of a connection (``conn.connection.info``) for its own prepare_threshold and for the
 # statements a store named on it.
@@ -510,7 +512,7 @@ class FastPath:
         try:
             return self._plans[key]
         except KeyError:
-            with _COMPILING:
+            with STATEMENTS_LOCK:
                 plan = _compile(prepared, self._dialect, key[1], many, self._translate_map)
             self._plans[key] = plan
             return plan

@@ -77,21 +77,36 @@ _leased = and_(
     _o.c.lease_owner == bindparam("p_owner"),
     _o.c.fence == bindparam("p_fence"),
 )
-_CLAIM_UPDATE: Final = (
-    update(_o)
-    .where(_o.c.occurrence_id == bindparam("p_id"), _o.c.fence == bindparam("p_fence"))
-    .values(
-        status=RUNNING,
-        attempt=bindparam("p_attempt"),
-        fence=bindparam("p_next_fence"),
-        lease_owner=bindparam("p_owner"),
-        lease_expires_at=bindparam("p_expires"),
-        updated_at=bindparam("p_now"),
-        settled_at=None,
+
+
+def _claim_update(*, guarded: bool) -> Any:
+    """The claim ``UPDATE`` (a new statement on each call); ``guarded``: with
+    ``PLAIN_CLAIM_GUARD``, for a row claimed on its probed facts."""
+    statement = (
+        update(_o)
+        .where(_o.c.occurrence_id == bindparam("p_id"), _o.c.fence == bindparam("p_fence"))
+        .values(
+            status=RUNNING,
+            attempt=bindparam("p_attempt"),
+            fence=bindparam("p_next_fence"),
+            lease_owner=bindparam("p_owner"),
+            lease_expires_at=bindparam("p_expires"),
+            updated_at=bindparam("p_now"),
+            settled_at=None,
+        )
     )
-)
-_CLAIM: Final = Prepared(_CLAIM_UPDATE)
-_CLAIM_GUARDED: Final = Prepared(_CLAIM_UPDATE.where(PLAIN_CLAIM_GUARD))
+    return statement.where(PLAIN_CLAIM_GUARD) if guarded else statement
+
+
+def _guarded_claim_update() -> Any:
+    """A fresh copy of ``_CLAIM_GUARDED``'s statement, for ``window_pick`` to build on: a copy of
+    the shared one, once compiled, keeps its memoized column collections, and one built from it
+    with a ``RETURNING`` then lacks those columns (SQLAlchemy 2.x)."""
+    return _claim_update(guarded=True)
+
+
+_CLAIM: Final = Prepared(_claim_update(guarded=False))
+_CLAIM_GUARDED: Final = Prepared(_claim_update(guarded=True))
 """``_CLAIM`` of a head claimed on its probed control, requeue and job facts (``LockedAsProbed``)."""
 _RENEW: Final = Prepared(
     update(_o)
@@ -479,7 +494,7 @@ def _pick_later(
     if not tx.picks_in_writes:
         return False
     pick = PendingPick.of(
-        _CLAIM_GUARDED,
+        _guarded_claim_update,
         candidates,
         lambda row, record: claims.prepare(row, targeted=False, record=record),
         tx.now,

@@ -46,7 +46,6 @@ So a contended cycle is two statements, as a quiet one is: its first statement a
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -71,7 +70,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 from scheduler.contract.constants import QUEUED, RETRY_WAIT
 from scheduler.schema import tables as t
 from scheduler.store.claim_plan import plain
-from scheduler.store.fastpath import Prepared, StoredRow
+from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.occurrence_rows import event_data_json
 from scheduler.store.records import Occurrence
 from scheduler.store.server_statements import KEPT_WRITES_CHANGED
@@ -84,7 +83,6 @@ MAX_CANDIDATES: Final = 16
 CLAIMED: Final = "occurrence_claimed"
 _WAITING: Final = frozenset({QUEUED, RETRY_WAIT})
 _o = t.occurrences
-_BUILDING: Final = threading.Lock()
 Prepare = Callable[[StoredRow, bool], tuple[dict[str, Any], dict[str, Any], Occurrence | None]]
 _CLAIM_BINDS: Final = {"p_owner": "claim_owner", "p_expires": "claim_expires", "p_now": "claim_now"}
 
@@ -130,7 +128,7 @@ class PendingPick:
 
     def __init__(
         self,
-        claim: Prepared,
+        claim: Callable[[], Any],
         candidates: Sequence[StoredRow],
         prepare: Prepare,
         shared: dict[str, Any],
@@ -150,7 +148,7 @@ class PendingPick:
     @classmethod
     def of(
         cls,
-        claim: Prepared,
+        claim: Callable[[], Any],
         candidates: Sequence[StoredRow],
         prepare: Prepare,
         now: int,
@@ -161,8 +159,8 @@ class PendingPick:
         """A pending pick of ``candidates`` (in the seed's order), or ``None`` where the writes
         statement would not write exactly what ``Claims.claim`` would.
 
-        ``claim``: the claim ``UPDATE`` of a plain row claimed as read
-        (``leases._CLAIM_GUARDED``); ``prepare(row, record)``: ``Claims.prepare`` of a candidate
+        ``claim``: makes the claim ``UPDATE`` of a plain row claimed as read (a new copy of
+        ``leases._CLAIM_GUARDED``'s statement); ``prepare(row, record)``: ``Claims.prepare`` of a candidate
         (its ``UPDATE`` parameters, event and, with ``record``, its claimed record);
         ``may_be_empty``: the window held every due row, so no free candidate means nothing to
         claim; ``done``: told the position of the candidate claimed (``None``: none) once the
@@ -210,7 +208,7 @@ class PendingPick:
         """The writes statement and its parameters: the ``kept`` writes (each expected to write
         ``expected`` rows), the claim of the first free candidate, and the events,
         ``other_events`` first."""
-        with _BUILDING:  # module-level statements are shared by every thread (fastpath._COMPILING)
+        with STATEMENTS_LOCK:  # module-level statements are shared by every thread
             statement = _statement(
                 self.claim, tuple(part for part, _ in kept), len(other_events), len(self.candidates)
             )
@@ -246,7 +244,9 @@ class PendingPick:
 
 
 @functools.cache
-def _statement(claim: Prepared, kept: tuple[Prepared, ...], other_events: int, candidates: int) -> Prepared:
+def _statement(
+    claim: Callable[[], Any], kept: tuple[Prepared, ...], other_events: int, candidates: int
+) -> Prepared:
     counts = []
     for index, prepared in enumerate(kept):
         name = part_name(index)
@@ -263,7 +263,7 @@ def _statement(claim: Prepared, kept: tuple[Prepared, ...], other_events: int, c
         .cte("pick")
         .prefix_with("MATERIALIZED")
     )
-    claimed = _claim(claim.statement, pick, versions).cte("claim")
+    claimed = _claim(claim(), pick, versions).cte("claim")
     rows: list[Any] = [
         select(*[bindparam(f"ev{row}_{name}", type_=t.events.c[name].type) for name in EVENT_COLUMNS])
         for row in range(other_events)

@@ -25,7 +25,6 @@ On SQLite (no data-modifying ``WITH``) nothing is kept: every write runs when it
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -34,7 +33,7 @@ from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.schema import tables as t
-from scheduler.store.fastpath import Prepared
+from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared
 from scheduler.store.server_statements import KEPT_WRITES_CHANGED
 
 EVENT_COLUMNS: Final = (
@@ -48,7 +47,6 @@ EVENT_COLUMNS: Final = (
 )
 MULTI_ROW_EVENTS: Final = 4
 """Up to this many events are written with one multi-row ``INSERT … VALUES``; more with ``executemany``."""
-_BUILDING: Final = threading.Lock()
 
 
 @functools.cache
@@ -115,7 +113,7 @@ def combined(statements: tuple[Prepared, ...], *, checked: int = 0) -> Prepared:
     ``server_statements.KEPT_WRITES_CHANGED``) unless each of its first ``checked`` parts wrote
     the count bound as ``expected_w<n>`` (:func:`combined_parameters`), so a ``COMMIT`` sent after
     it in the same query never follows a compare-and-set that missed."""
-    with _BUILDING:  # module-level statements are shared by every thread (see fastpath._COMPILING)
+    with STATEMENTS_LOCK:  # module-level statements are shared by every thread
         return _combined(statements, checked)
 
 
