@@ -50,7 +50,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from sqlalchemy import (
-    BigInteger,
     Integer,
     String,
     and_,
@@ -73,9 +72,14 @@ from scheduler.store.claim_plan import plain
 from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.occurrence_rows import event_data_json
 from scheduler.store.records import Occurrence
-from scheduler.store.server_statements import KEPT_WRITES_CHANGED
 from scheduler.store.telemetry import records_event
-from scheduler.store.write_batch import EVENT_COLUMNS, combined_parameters, part_name, with_prefixed_binds
+from scheduler.store.write_batch import (
+    EVENT_COLUMNS,
+    combined_parameters,
+    count_check,
+    part_counts,
+    part_name,
+)
 
 MAX_CANDIDATES: Final = 16
 """At most this many candidates are picked from in the writes statement (the window of heads holds
@@ -247,11 +251,7 @@ class PendingPick:
 def _statement(
     claim: Callable[[], Any], kept: tuple[Prepared, ...], other_events: int, candidates: int
 ) -> Prepared:
-    counts = []
-    for index, prepared in enumerate(kept):
-        name = part_name(index)
-        part = with_prefixed_binds(prepared.statement, name + "_").returning(literal_column("1")).cte(name)
-        counts.append(select(func.count()).select_from(part).scalar_subquery())
+    counts = part_counts(kept)
     ids = [bindparam(f"c{index}_id", type_=_o.c.occurrence_id.type) for index in range(candidates)]
     versions = [bindparam(f"c{index}_version", type_=String()) for index in range(candidates)]
     pick = (
@@ -285,23 +285,13 @@ def _statement(
     )
     picked_count = select(func.count()).select_from(pick).scalar_subquery()
     claimed_count = select(func.count()).select_from(claimed).scalar_subquery()
-    agreed = and_(
-        *(
-            count == bindparam(f"expected_{part_name(index)}", type_=BigInteger())
-            for index, count in enumerate(counts)
-        ),
-        or_(
-            claimed_count == 1,
-            and_(picked_count == 0, bindparam("may_be_empty", type_=Integer()) == 1),
-        ),
-    )
-    verdict = case((agreed, literal_column("'1'")), else_=literal_column(f"'{KEPT_WRITES_CHANGED}'"))
+    nothing_free = and_(picked_count == 0, bindparam("may_be_empty", type_=Integer()) == 1)
     return Prepared(
         select(
             *[count.label(part_name(index)) for index, count in enumerate(counts)],
             select(claimed.c.occurrence_id).scalar_subquery().label("picked"),
             select(func.count()).select_from(written).scalar_subquery().label("events"),
-            cast(verdict, Integer()).label("checked"),
+            count_check(counts, or_(claimed_count == 1, nothing_free)),
         ),
         locks=True,
     )

@@ -119,25 +119,34 @@ def combined(statements: tuple[Prepared, ...], *, checked: int = 0) -> Prepared:
 
 @functools.cache
 def _combined(statements: tuple[Prepared, ...], checked: int) -> Prepared:
+    counts = part_counts(statements)
+    columns = [count.label(part_name(index)) for index, count in enumerate(counts)]
+    if checked:
+        columns.append(count_check(counts[:checked]))
+    return Prepared(select(*columns), locks=True)
+
+
+def part_counts(statements: Sequence[Prepared]) -> list[Any]:
+    """Each of ``statements`` as the data-modifying ``WITH`` part ``w<n>`` (its binds prefixed
+    ``w<n>_``), as the scalar subquery counting the rows it wrote."""
     counts = []
     for index, prepared in enumerate(statements):
         name = part_name(index)
         part = with_prefixed_binds(prepared.statement, name + "_").returning(literal_column("1")).cte(name)
         counts.append(select(func.count()).select_from(part).scalar_subquery())
-    columns = [count.label(part_name(index)) for index, count in enumerate(counts)]
-    if checked:
-        columns.append(_count_check(counts[:checked]))
-    return Prepared(select(*columns), locks=True)
+    return counts
 
 
-def _count_check(counts: list[Any]) -> Any:
-    """``CAST(CASE WHEN <each count as expected> THEN '1' ELSE '<marker>' END AS INTEGER)``: the
-    cast of the marker raises, at run time only (the condition reads the parts' counts)."""
+def count_check(counts: Sequence[Any], *also: Any) -> Any:
+    """``CAST(CASE WHEN <each count as expected> [AND <also>] THEN '1' ELSE '<marker>' END AS
+    INTEGER)``, labelled ``checked``: the cast of the marker raises, at run time only (the
+    condition reads the parts' counts). ``counts`` are :func:`part_counts`' first ones."""
     agreed = and_(
         *(
             count == bindparam(f"expected_{part_name(index)}", type_=BigInteger())
             for index, count in enumerate(counts)
-        )
+        ),
+        *also,
     )
     verdict = case((agreed, literal_column("'1'")), else_=literal_column(f"'{KEPT_WRITES_CHANGED}'"))
     return cast(verdict, Integer()).label("checked")
