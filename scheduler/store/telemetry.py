@@ -227,17 +227,17 @@ def _data(row: Mapping[str, Any]) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _logged(event_type: str) -> bool:
+    return events_log.isEnabledFor(STATES.get(event_type, ("", _INFO))[1])
+
+
 def _wanted(rows: Sequence[Mapping[str, Any]], metrics: dict[str, Any] | None) -> bool:
-    if metrics is not None:
-        return True
-    return any(events_log.isEnabledFor(STATES.get(row["event_type"], ("", _INFO))[1]) for row in rows)
+    return metrics is not None or any(_logged(row["event_type"]) for row in rows)
 
 
 def records_event(event_type: str) -> bool:
     """Whether an event row of ``event_type`` would be logged or counted (metrics are on)."""
-    return METRICS.instruments() is not None or events_log.isEnabledFor(
-        STATES.get(event_type, ("", _INFO))[1]
-    )
+    return METRICS.instruments() is not None or _logged(event_type)
 
 
 def collect(tx: Tx) -> StateChanges:
