@@ -65,7 +65,7 @@ def event_rows_parameters(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {f"{name}_{index}": row[name] for index, row in enumerate(rows) for name in EVENT_COLUMNS}
 
 
-def with_prefixed_binds(statement: Any, prefix: str) -> Any:
+def _with_prefixed_binds(statement: Any, prefix: str) -> Any:
     """A copy of ``statement`` whose named binds are called ``prefix + name`` (anonymous binds,
     such as those of literal values, already have names of their own in a compiled statement)."""
 
@@ -132,7 +132,7 @@ def part_counts(statements: Sequence[Prepared]) -> list[Any]:
     counts = []
     for index, prepared in enumerate(statements):
         name = part_name(index)
-        part = with_prefixed_binds(prepared.statement, name + "_").returning(literal_column("1")).cte(name)
+        part = _with_prefixed_binds(prepared.statement, name + "_").returning(literal_column("1")).cte(name)
         counts.append(select(func.count()).select_from(part).scalar_subquery())
     return counts
 
