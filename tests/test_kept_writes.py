@@ -23,7 +23,7 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
 
 from scheduler import open_store
-from scheduler.store import claim_locks, claim_query, settlement
+from scheduler.store import claim_locks, claim_query, leases, settlement
 from scheduler.store.fastpath import Prepared
 from scheduler.store.session import OwnedRunner
 
@@ -134,27 +134,69 @@ def _recorded_cycle(store: Any, held: Any, seen: list[tuple[str, Any]]) -> tuple
     return cycle, [" ".join(sql.split()) for sql, _ in seen]
 
 
+def _warmed_cycles(store: Any, count: int = 2) -> Any:
+    """Five occurrences of a new job ``j``, the first claimed by ``w``, then ``count`` cycles (a
+    statement is named when the connection is idle after its first run); the occurrence then held."""
+    store.create_job(id="j", kind="k", authority=AUTHORITY)
+    for n in range(5):
+        store.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key=f"t{n}")
+    held = store.claim_next(owner_id="w", lease_ms=LEASE)
+    for _ in range(count):
+        assert held is not None
+        held = store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
+        ).claimed
+    assert held is not None
+    return held
+
+
 @pytest.mark.postgresql
-def test_a_cycle_is_two_round_trips(postgres_server: Any, pg_schema: str) -> None:
-    """A quiet ``settle_and_claim``: one statement locks and reads the settled row, reads the
+def test_a_quiet_cycle_is_one_round_trip(postgres_server: Any, pg_schema: str) -> None:
+    """A quiet ``settle_and_claim`` that succeeds: one statement (``cycle_statement``) locks the
+    settled row, reads the server clock after that lock and the queue's heads with it, locks the
+    head, settles and claims, and writes both events; it is ``EXECUTE`` of a statement the store
+    named on its connection, sent with the transaction's ``BEGIN`` and ``COMMIT``."""
+    seen: list[tuple[str, Any]] = []
+    engine, store = _recorded(postgres_server.url, pg_schema, seen)
+    try:
+        held = _warmed_cycles(store)
+        _cycle, sent = _recorded_cycle(store, held, seen)
+        assert len(sent) == 1, sent
+        assert sent[0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_")
+        assert sent[0].endswith("; COMMIT")
+        lead, cycle_text = sent[0].rsplit("; EXECUTE ", 1)
+        assert "FOR UPDATE" in _named_statement(store, lead)  # the settled row, locked first
+        statement = _named_statement(store, "EXECUTE " + cycle_text)
+        assert (
+            "locked_current AS MATERIALIZED (SELECT" in statement
+            and "cycle_clock AS MATERIALIZED" in statement
+        )
+        assert "FOR UPDATE OF occurrences SKIP LOCKED" in statement
+        assert "settled AS (UPDATE" in statement and "claimed AS (UPDATE" in statement
+        assert "ev AS (INSERT INTO" in statement
+        history = [event.type for event in store.history(job_id="j")]
+        assert history.count("occurrence_succeeded") == 3 and history.count("occurrence_claimed") == 4
+    finally:
+        store.close()
+        engine.dispose()
+
+
+@pytest.mark.postgresql
+def test_a_cycle_is_two_round_trips_without_its_statement(
+    postgres_server: Any, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the one statement does not serve (a failure, an adjudication request, events logged
+    or counted; here turned off): one statement locks and reads the settled row, reads the
     server clock after that lock and the queue's heads with it, and locks the head
     (``cycle_read``); it goes with the transaction's ``BEGIN``. Then both writes and both events
     as one statement, with the ``COMMIT``. Each is ``EXECUTE`` of a statement the store named on
     its connection. No savepoint (the store-owned call restarts instead, below). A plain
     ``settle``: its locked read with the clock, then its ``UPDATE`` and its event together."""
+    monkeypatch.setattr(leases, "cycle_in_one_statement", lambda *_args: None)
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen)
     try:
-        store.create_job(id="j", kind="k", authority=AUTHORITY)
-        for n in range(5):
-            store.enqueue_occurrence(job_id="j", scheduled_for=T0, trigger_key=f"t{n}")
-        held = store.claim_next(owner_id="w", lease_ms=LEASE)
-        for _ in range(2):  # a statement is named when the connection is idle after its first run
-            assert held is not None
-            held = store.settle_and_claim(
-                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
-            ).claimed
-        assert held is not None
+        held = _warmed_cycles(store)
         cycle, sent = _recorded_cycle(store, held, seen)
         assert len(sent) == 2, sent
         assert sent[0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_")
@@ -180,12 +222,13 @@ def test_a_cycle_is_two_round_trips(postgres_server: Any, pg_schema: str) -> Non
 
 
 @pytest.mark.postgresql
-def test_without_prepared_statements_a_cycle_is_two_statements_and_a_commit(
+def test_without_prepared_statements_a_cycle_is_one_statement_and_a_commit(
     postgres_server: Any, pg_schema: str
 ) -> None:
     """A connection made with ``prepare_threshold=None`` (behind PgBouncer's transaction pooling)
-    gets no named statements: psycopg sends ``BEGIN`` and ``COMMIT`` itself around the cycle's two
-    statements, as unnamed statements with bound parameters."""
+    gets no named statements: psycopg sends ``BEGIN`` and ``COMMIT`` itself around the cycle's
+    statement (after the settled row's lock, ``cycle_statement``), unnamed statements with bound
+    parameters."""
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen, named=False)
     try:
@@ -196,9 +239,9 @@ def test_without_prepared_statements_a_cycle_is_two_statements_and_a_commit(
         assert held is not None
         _cycle, sent = _recorded_cycle(store, held, seen)
         assert len(sent) == 2, sent
-        assert sent[0].startswith("WITH cycle_started AS MATERIALIZED (SELECT")
-        assert "FOR UPDATE OF occurrences SKIP LOCKED" in sent[0]
-        assert sent[1].startswith("WITH w0 AS (UPDATE") and "w2 AS (INSERT INTO" in sent[1]
+        assert sent[0].startswith("SELECT") and sent[0].endswith("FOR UPDATE")  # the settled row first
+        assert sent[1].startswith("WITH cycle_started AS MATERIALIZED (SELECT")
+        assert "FOR UPDATE OF occurrences SKIP LOCKED" in sent[1] and "claimed AS (UPDATE" in sent[1]
         driver = store.connection.connection.driver_connection
         rows = driver.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False).fetchone()
         driver.rollback()
@@ -503,14 +546,24 @@ def test_a_cycle_that_loses_its_lease_holds_no_head(
         store.close()
 
 
+def _whole_cycles(monkeypatch: pytest.MonkeyPatch, whole: bool) -> None:
+    """Keep (``whole``) or turn off the quiet cycle in one statement (``cycle_statement``)."""
+    if not whole:
+        monkeypatch.setattr(leases, "cycle_in_one_statement", lambda *_args: None)
+
+
 @pytest.mark.postgresql
+@pytest.mark.parametrize("whole", [True, False])
 def test_a_cycle_that_waited_for_its_settled_row_reads_the_heads_again(
-    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch, whole: bool
 ) -> None:
     """The heads of the cycle's first statement are read on the snapshot taken before the settled
     row's lock: when that lock waited (another transaction held the row), rows committed meanwhile
     would be missed, so the call runs again the usual way. Here an occurrence due earlier than
-    every other is enqueued and committed while the cycle waits: it is the one claimed."""
+    every other is enqueued and committed while the cycle waits: it is the one claimed. The
+    cycle in one statement (``whole``) waits in its lead lock, before its statement's snapshot:
+    it sees the occurrence at once."""
+    _whole_cycles(monkeypatch, whole)
     store = open_store(pg_engine, schema=pg_schema)  # the server clock
     try:
         made = enqueue(store, 3)
@@ -540,23 +593,26 @@ def test_a_cycle_that_waited_for_its_settled_row_reads_the_heads_again(
                 finally:
                     other.close()
             thread.join(30)
-        assert attempts == [True, False]
+        assert attempts == ([True] if whole else [True, False])
         assert results[0].claimed is not None and results[0].claimed.id == early.id
     finally:
         store.close()
 
 
 @pytest.mark.postgresql
+@pytest.mark.parametrize("whole", [True, False])
 def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again(
-    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    pg_engine: Engine, pg_schema: str, monkeypatch: pytest.MonkeyPatch, whole: bool
 ) -> None:
     """However short the wait: when the transaction holding the settled row updated it (the cycle
     sees that newer version) and also enqueued an earlier occurrence, a claim on the older
     snapshot's heads would miss that occurrence, and no serial order explains both. The locked
     row's version (``xmin``) differs from the snapshot's, so the call runs again and claims it.
-    (The wait-time test is switched off here, so only the version can tell.)"""
+    (The wait-time test is switched off here, so only the version can tell.) The cycle in one
+    statement (``whole``) waits in its lead lock: its statement's snapshot sees both at once."""
     from scheduler.store import cycle_read
 
+    _whole_cycles(monkeypatch, whole)
     monkeypatch.setattr(cycle_read, "MAX_WAIT_US", 10**12)
     store = open_store(pg_engine, schema=pg_schema)  # the server clock
     other = open_store(pg_engine, schema=pg_schema, clock=lambda: T0)
@@ -579,7 +635,7 @@ def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again
                 )
                 early = tx.enqueue_occurrence(job_id="job-1", scheduled_for=T0 - 1000, trigger_key="early")
             thread.join(30)
-        assert attempts == [True, False]
+        assert attempts == ([True] if whole else [True, False])
         assert results[0].claimed is not None and results[0].claimed.id == early.id
     finally:
         other.close()

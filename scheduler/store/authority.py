@@ -75,7 +75,7 @@ def occurrence_not_found(occurrence_id: str) -> SchedulerKernelError:
 # --------------------------------------------------------------------------- rows
 
 
-_LOCK_OCCURRENCE: Final = Prepared(
+LOCK_OCCURRENCE: Final = Prepared(
     select(t.occurrences.c.occurrence_id)
     .where(t.occurrences.c.occurrence_id == bindparam("occurrence_id"))
     .with_for_update()
@@ -86,7 +86,7 @@ POLICY_LOCKS: Final = "authority_policy"
 def lock_occurrence_row(tx: Tx, occurrence_id: str) -> None:
     """Hold the occurrence's row until the transaction ends: the row that decides every write
     on one occurrence (PostgreSQL ``FOR UPDATE``; SQLite's write transaction excludes others)."""
-    tx.first(_LOCK_OCCURRENCE, {"occurrence_id": occurrence_id})
+    tx.first(LOCK_OCCURRENCE, {"occurrence_id": occurrence_id})
 
 
 def lock_policy(tx: Tx, principal: dict[str, str]) -> None:

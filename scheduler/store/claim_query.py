@@ -31,6 +31,7 @@ backend that must lock a candidate before claiming it can try the candidates one
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -336,14 +337,20 @@ LOCKED_PREFIX: Final = "locked_"
 """The columns of the row :func:`head_probe_and_lock_prepared` locked: ``locked_<column>``."""
 
 
+def replace_binds(statement: Any, replace: Callable[[BindParameter[Any]], Any]) -> Any:
+    """A copy of ``statement`` with each bind parameter for which ``replace`` returns an element
+    replaced by it (``None``: kept)."""
+
+    def visit(element: Any) -> Any:
+        return replace(element) if isinstance(element, BindParameter) else None
+
+    replaced: Any = replacement_traverse(statement, {}, visit)  # type: ignore[call-overload]
+    return replaced
+
+
 def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
     """``statement`` with ``now`` where it has the bind ``:now``."""
-
-    def replace(element: Any) -> Any:
-        return now if isinstance(element, BindParameter) and element.key == "now" else None
-
-    replaced: Any = replacement_traverse(statement, {}, replace)  # type: ignore[call-overload]
-    return replaced
+    return replace_binds(statement, lambda element: now if element.key == "now" else None)
 
 
 def build_head_window(shape: Shape, now: ColumnElement[Any]) -> CompoundSelect[Any]:
@@ -353,15 +360,24 @@ def build_head_window(shape: Shape, now: ColumnElement[Any]) -> CompoundSelect[A
     return window
 
 
-def build_head_probe_and_lock(
+@dataclass(frozen=True, slots=True)
+class HeadLock:
+    """The CTEs of :func:`build_head_probe_and_lock`: ``probe`` (the head probe's rows), ``head``
+    (the earliest due row, with ``plain``; none when something expired is to be acted on) and
+    ``locked`` (that head as locked, its newest version; none when it was not locked)."""
+
+    probe: Any
+    head: Any
+    locked: Any
+
+
+def head_probe_and_lock(
     shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
-) -> Select[Any]:
-    """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
-    nothing expired is to be acted on and the head is :func:`_plain` (what the probe's reader
-    would then lock next). Every probe row comes back with the ``locked_*`` columns of the row
-    as locked (its newest version; NULL where nothing was locked) and ``head_plain``. ``now``:
-    an expression for the call's time in place of the bind ``:now``; ``lock_if``: a further
-    condition for locking the head."""
+) -> HeadLock:
+    """The head probe and the head locked ``FOR UPDATE SKIP LOCKED`` when nothing expired is to be
+    acted on and the head is :func:`_plain` (what the probe's reader would then lock next), as
+    CTEs. ``now``: an expression for the call's time in place of the bind ``:now``; ``lock_if``:
+    a further condition for locking the head."""
     heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
     probe = heads.cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
@@ -384,10 +400,21 @@ def build_head_probe_and_lock(
         .cte("locked")
         .prefix_with("MATERIALIZED")
     )
+    return HeadLock(probe, head, locked)
+
+
+def build_head_probe_and_lock(
+    shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
+) -> Select[Any]:
+    """The head probe, and the head locked in the same statement (:func:`head_probe_and_lock`).
+    Every probe row comes back with the ``locked_*`` columns of the row as locked (its newest
+    version; NULL where nothing was locked) and ``head_plain``."""
+    parts = head_probe_and_lock(shape, now, lock_if)
+    probe, locked = parts.probe, parts.locked
     return select(
         probe,
-        *[locked.c[column.name].label(LOCKED_PREFIX + column.name) for column in occurrences.c],
-        select(head.c.plain).scalar_subquery().label("head_plain"),
+        *[locked.c[column.name].label(LOCKED_PREFIX + column.name) for column in t.occurrences.c],
+        select(parts.head.c.plain).scalar_subquery().label("head_plain"),
     ).select_from(probe.outerjoin(locked, locked.c.occurrence_id == probe.c.occurrence_id))
 
 

@@ -87,7 +87,24 @@ _as_read = t.occurrences.alias("settled_as_read")
 _CURRENT_NAMES: Final = tuple(column.name for column in CURRENT_ROWS.selected_columns)
 
 
-def _build(shape: Shape, server_clock: bool, window: bool) -> Any:
+@dataclass(frozen=True, slots=True)
+class SettledLock:
+    """The statement's first CTEs: ``current`` (the settled row locked, with its control,
+    reservation, adjudication and ``row_version``), ``clock`` (``now`` read after that lock, and
+    ``waited_us``), ``now`` (``clock``'s ``now`` as a scalar), ``lease_held`` (the settlement's
+    lease is held at ``now``: binds ``p_owner``, ``p_fence``) and ``version_as_read`` (the settled
+    row's version on the statement's snapshot)."""
+
+    current: Any
+    clock: Any
+    now: Any
+    lease_held: Any
+    version_as_read: Any
+
+
+def settled_lock(server_clock: bool) -> SettledLock:
+    """The settled row (bind ``p_id``) locked, then the clock read (the server's, else the bind
+    ``now``): the first steps of this statement and of ``cycle_statement``'s."""
     started = select(server_instant().label("at")).cte("cycle_started").prefix_with("MATERIALIZED")
     started_at = select(started.c.at).scalar_subquery()
     current = (
@@ -114,21 +131,24 @@ def _build(shape: Shape, server_clock: bool, window: bool) -> Any:
         current.c.fence == bindparam("p_fence"),
         current.c.lease_expires_at > clock_now,
     )
+    as_read = (
+        select(row_version(_as_read)).where(_as_read.c.occurrence_id == bindparam("p_id")).scalar_subquery()
+    )
+    return SettledLock(current, clock, clock_now, lease_held, as_read)
+
+
+def _build(shape: Shape, server_clock: bool, window: bool) -> Any:
+    settled = settled_lock(server_clock)
+    current, clock = settled.current, settled.clock
     heads: Any
     if window:  # a claim among workers: candidates to lock in a statement of their own
-        heads = build_head_window(shape, clock_now)
+        heads = build_head_window(shape, settled.now)
     else:
-        heads = build_head_probe_and_lock(shape, now=clock_now, lock_if=lease_held)
+        heads = build_head_probe_and_lock(shape, now=settled.now, lock_if=settled.lease_held)
     probed = heads.subquery("heads")
-    as_read = (
-        select(row_version(_as_read))
-        .where(_as_read.c.occurrence_id == bindparam("p_id"))
-        .scalar_subquery()
-        .label(SETTLED_PREFIX + "version_as_read")
-    )
     return select(
         *[column.label(SETTLED_PREFIX + column.name) for column in current.c],
-        as_read,
+        settled.version_as_read.label(SETTLED_PREFIX + "version_as_read"),
         clock.c.now.label(SETTLED_PREFIX + "server_now"),
         clock.c.waited_us.label(SETTLED_PREFIX + "waited_us"),
         probed,

@@ -594,17 +594,26 @@ class FastPath:
                 driver.prepare_threshold = threshold
 
     def _run_named(
-        self, conn: Connection, server: ServerStatements, cursor: Any, text: str, plan: _Plan, commit: bool
+        self,
+        conn: Connection,
+        server: ServerStatements,
+        cursor: Any,
+        text: str,
+        plan: _Plan,
+        commit: bool,
+        *,
+        led: bool = False,
     ) -> tuple[list[Any], int]:
         """Send ``EXECUTE`` text (with the pending ``BEGIN`` and the ``COMMIT`` asked for) as one
-        simple-protocol query; the rows and count of its ``EXECUTE`` results."""
+        simple-protocol query; the rows and count of its ``EXECUTE`` results (``led``: of its
+        second ``EXECUTE``, see :meth:`run_led`)."""
         begins = server.pending_begin is not None
         server.pending_begin = None
         if commit:
             self.commit_sent = True
         try:
             cursor.execute(text, prepare=False)
-            if begins:
+            for _ in range(int(begins) + int(led)):
                 cursor.nextset()
             rows = [] if plan.row_type is None else list(map(plan.row_type._make, cursor.fetchall()))
             count = cursor.rowcount
@@ -656,6 +665,46 @@ class FastPath:
         if done is None:
             self.ensure_begun(conn)  # SQLAlchemy sends the statement: it needs the transaction
         return done
+
+    def run_led(
+        self,
+        conn: Connection,
+        lead: tuple[Prepared, dict[str, Any]],
+        prepared: Prepared,
+        parameters: dict[str, Any],
+        *,
+        commit: bool,
+    ) -> tuple[list[Any], int] | None:
+        """``run`` of ``prepared`` preceded by ``lead`` (a statement and its parameters, whose rows
+        are dropped) in the same simple-protocol query, each the ``EXECUTE`` of a named statement
+        (with the pending ``BEGIN`` first and the ``COMMIT`` asked for last): ``prepared`` then
+        runs on a snapshot taken after ``lead`` ran, at no round trip of its own. ``None`` when
+        either is not named yet: nothing was sent."""
+        server = self._server
+        if server is None or (self._cursor is None and not self.usable(conn)):
+            return None
+        texts: list[str] = []
+        plan: _Plan | None = None
+        for index, (statement, values) in enumerate((lead, (prepared, parameters))):
+            plan = self._plan(statement, values, False)
+            if plan is None:
+                return None
+            try:
+                sql, arguments = (
+                    (plan.sql, plan.arguments(values)) if plan.compiled is None else plan.bind(values)
+                )
+            except (KeyError, TypeError, SQLAlchemyError):
+                return None
+            named = server.named(sql)
+            if named is None:
+                return None
+            last = index == 1
+            text = execute_text(*named, arguments, None if last else server.pending_begin, commit and last)
+            if text is None:
+                return None
+            texts.append(text)
+        assert plan is not None
+        return self._run_named(conn, server, self._cursor, "; ".join(texts), plan, commit, led=True)
 
     def _run(
         self, conn: Connection, prepared: Prepared, parameters: Any, commit: bool

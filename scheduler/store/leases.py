@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy import and_, bindparam, update
 
@@ -44,6 +44,7 @@ from scheduler.store.claim_query import (
     head_window_prepared,
 )
 from scheduler.store.cycle_read import read_cycle
+from scheduler.store.cycle_statement import cycle_in_one_statement
 from scheduler.store.dialect import greatest
 from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.jobs import not_found
@@ -567,6 +568,10 @@ def settle_and_claim_in(
     contention: ClaimContention | None = None,
 ) -> SettledAndClaimed:
     """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
+    pending = cycle_in_one_statement(tx, _guarded_claim_update, request, lease_ms, claim_filter, contention)
+    if pending is not None:  # the whole call is its writes statement (cycle_statement)
+        tx.finish = lambda _unsent: pending.result
+        return cast(SettledAndClaimed, None)  # replaced by tx.finish once the statement ran
     events = EventLog(tx)  # both halves' events, in order, written with one INSERT
 
     def refuse_unrepresentable_lease() -> None:
@@ -601,7 +606,7 @@ def settle_and_claim_in(
     )
     events.flush(tx)
     pick = tx.pick
-    if pick is not None:  # claimed by the writes statement: its record once they were sent
+    if isinstance(pick, PendingPick):  # claimed by the writes statement: its record once they were sent
         tx.finish = lambda cycle: replace(cycle, claimed=pick.picked)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
 

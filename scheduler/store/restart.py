@@ -10,3 +10,9 @@ class RestartTransaction(Exception):
     (``clock_sample``, set by the runner). Never reaches a caller."""
 
     clock_sample: int | None = None
+
+
+class WholeCycleMissed(RestartTransaction):
+    """A quiet cycle left whole to one statement (``cycle_statement``) found a case that
+    statement does not decide (its check failed, nothing written): the runner runs the call again
+    in a restartable transaction that does not try the statement, before any savepoint path."""

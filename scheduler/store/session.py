@@ -32,7 +32,7 @@ from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, missing_tables, storage_unavailable
 from scheduler.store.fastpath import FastPath
 from scheduler.store.telemetry import StateChanges, collect, emit_all
-from scheduler.store.tx import Clock, RestartTransaction, Tx, read_clock
+from scheduler.store.tx import Clock, RestartTransaction, Tx, WholeCycleMissed, read_clock
 from scheduler.store.wakeups import send_wakeup, wake_channel, wakes_workers
 
 T = TypeVar("T")
@@ -182,6 +182,7 @@ class _Base:
         *,
         restartable: bool = False,
         clock_sample: int | None = None,
+        whole_cycles: bool = True,
     ) -> Tx:
         """``clock_sample``: the injected clock's sample of the call's first attempt, for the call
         run again (the call reads an injected clock once; the server clock is read again after the
@@ -207,6 +208,7 @@ class _Base:
             concurrent=dialect.CONCURRENT_WRITERS,
             combines_writes=dialect.COMBINES_WRITES,
             restartable=restartable,
+            whole_cycles=whole_cycles,
         )
 
     def idle(self) -> None:
@@ -296,10 +298,22 @@ class OwnedRunner(_Base):
 
     def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
         """Run ``operation`` in a transaction of its own; a write among concurrent writers is
-        restartable (``Tx.restartable``): run once more, with savepoints, if it asks to be."""
+        restartable (``Tx.restartable``): run once more, with savepoints, if it asks to be. A quiet
+        cycle whose one statement missed (``WholeCycleMissed``) first runs once more restartable,
+        the usual way."""
         restartable = begin == BEGIN_WRITE and self.dialect.CONCURRENT_WRITERS
         try:
-            return self._attempt(operation, begin, sample_clock, restartable=restartable)
+            try:
+                return self._attempt(operation, begin, sample_clock, restartable=restartable)
+            except WholeCycleMissed as missed:  # the cycle the usual way, still restartable
+                return self._attempt(
+                    operation,
+                    begin,
+                    sample_clock,
+                    restartable=restartable,
+                    clock_sample=missed.clock_sample,
+                    whole_cycles=False,
+                )
         except RestartTransaction as restart:
             return self._attempt(
                 operation, begin, sample_clock, restartable=False, clock_sample=restart.clock_sample
@@ -313,6 +327,7 @@ class OwnedRunner(_Base):
         *,
         restartable: bool,
         clock_sample: int | None = None,
+        whole_cycles: bool = True,
     ) -> T:
         returned = False
         tx: Tx | None = None
@@ -323,7 +338,13 @@ class OwnedRunner(_Base):
         transaction = None if fast is not None else self.conn.begin()
         try:
             self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
-            tx = self._tx(sample_clock, fast, restartable=restartable, clock_sample=clock_sample)
+            tx = self._tx(
+                sample_clock,
+                fast,
+                restartable=restartable,
+                clock_sample=clock_sample,
+                whole_cycles=whole_cycles,
+            )
             result = operation(tx)
             changes = collect(tx)  # inside the transaction: before a COMMIT sent with the writes
             self._finish_writes(tx, fast)

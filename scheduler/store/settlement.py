@@ -69,9 +69,7 @@ CURRENT_ROWS: Final = select(
     .outerjoin(_adj, _adj.c.occurrence_id == _o.c.occurrence_id)
 )
 """An occurrence with its control, reservation and adjudication: what a settlement decides on."""
-_CURRENT: Final = Prepared(
-    CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")).with_for_update(of=_o)
-)
+_CURRENT: Final = Prepared(CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id")).with_for_update(of=_o))
 _LOCKED_CURRENT: Final = (
     CURRENT_ROWS.where(_o.c.occurrence_id == bindparam("p_id"))
     .with_for_update(of=_o)
@@ -98,35 +96,48 @@ A read that locks the rows and joins their control, reservation and adjudication
 statement reads the joined rows on the snapshot taken before it waited for a lock: what the
 transaction it waited for wrote there (a pause request, whose writer holds the occurrence row)
 would be missed. Read after this statement, they are as that transaction left them."""
-_SETTLE_UPDATE: Final = (
-    update(_o)
-    .where(
-        and_(
-            _o.c.occurrence_id == bindparam("p_id"),
-            _o.c.status == RUNNING,
-            _o.c.lease_owner == bindparam("p_owner"),
-            _o.c.fence == bindparam("p_fence"),
-            _o.c.lease_expires_at > bindparam("p_now"),
+
+
+def _settle_update(*, guarded: bool) -> Any:
+    """The settlement ``UPDATE`` of a live lease (a new statement on each call); ``guarded``:
+    checking the row still has no control, reservation or adjudication (``_SETTLE_GUARDED``)."""
+    statement = (
+        update(_o)
+        .where(
+            and_(
+                _o.c.occurrence_id == bindparam("p_id"),
+                _o.c.status == RUNNING,
+                _o.c.lease_owner == bindparam("p_owner"),
+                _o.c.fence == bindparam("p_fence"),
+                _o.c.lease_expires_at > bindparam("p_now"),
+            )
+        )
+        .values(
+            status=bindparam("p_status"),
+            available_at=bindparam("p_available"),
+            lease_owner=None,
+            lease_expires_at=None,
+            last_error_json=bindparam("p_error"),
+            result_json=bindparam("p_result"),
+            updated_at=bindparam("p_now"),
+            settled_at=bindparam("p_settled"),
         )
     )
-    .values(
-        status=bindparam("p_status"),
-        available_at=bindparam("p_available"),
-        lease_owner=None,
-        lease_expires_at=None,
-        last_error_json=bindparam("p_error"),
-        result_json=bindparam("p_result"),
-        updated_at=bindparam("p_now"),
-        settled_at=bindparam("p_settled"),
-    )
-)
-_SETTLE: Final = Prepared(_SETTLE_UPDATE)
+    return statement.where(_NO_AUX_ROWS) if guarded else statement
+
+
+def guarded_settle_update() -> Any:
+    """A fresh copy of ``_SETTLE_GUARDED``'s statement, for ``cycle_statement`` to build on (a copy
+    of a shared statement, once compiled, keeps its memoized column collections: see
+    ``leases._guarded_claim_update``)."""
+    return _settle_update(guarded=True)
 
 
 _NO_AUX_ROWS: Final = and_(
     *(~exists().where(table.c.occurrence_id == _o.c.occurrence_id) for table in (_c, _res, _adj))
 )
-_SETTLE_GUARDED: Final = Prepared(_SETTLE_UPDATE.where(_NO_AUX_ROWS))
+_SETTLE: Final = Prepared(_settle_update(guarded=False))
+_SETTLE_GUARDED: Final = Prepared(_settle_update(guarded=True))
 """``_SETTLE`` of a row read without a control, reservation or adjudication, checking there still
 is none.
 

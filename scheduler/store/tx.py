@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
+from typing import Any, Final, Protocol, TypeVar, overload
 
 from sqlalchemy import Connection, Row, insert
 from sqlalchemy.engine import CursorResult
@@ -22,6 +22,7 @@ from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
 from scheduler.store.fastpath import FastPath, Prepared
 from scheduler.store.restart import RestartTransaction as RestartTransaction  # re-exported
+from scheduler.store.restart import WholeCycleMissed as WholeCycleMissed  # re-exported
 from scheduler.store.server_statements import counts_differed
 from scheduler.store.write_batch import (
     MULTI_ROW_EVENTS,
@@ -30,9 +31,6 @@ from scheduler.store.write_batch import (
     event_rows_insert,
     event_rows_parameters,
 )
-
-if TYPE_CHECKING:
-    from scheduler.store.window_pick import PendingPick
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -46,6 +44,42 @@ def read_clock(clock: Clock) -> int:
 
 EVENT_INSERT: Final = Prepared(insert(t.events))
 """One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
+
+
+class PendingWrites(Protocol):
+    """Work left to the statement that sends the call's kept writes (:meth:`Tx.pick_later`): a
+    claim of the first free window candidate (``window_pick.PendingPick``), or a whole quiet
+    cycle (``cycle_statement.PendingCycle``)."""
+
+    @property
+    def missed(self) -> type[RestartTransaction]:
+        """Raised when the statement's check fails (nothing it sent was applied)."""
+        ...
+
+    @property
+    def lead(self) -> tuple[Prepared, dict[str, Any]] | None:
+        """A statement to run just before the writes statement (in the same round trip where both
+        are named), so that the writes statement's snapshot is taken after it ran."""
+        ...
+
+    @property
+    def events(self) -> Sequence[dict[str, Any]]:
+        """The ``events`` rows the statement wrote (once :meth:`resolve` ran)."""
+        ...
+
+    def writes(
+        self,
+        kept: Sequence[tuple[Prepared, dict[str, Any]]],
+        expected: Sequence[int],
+        other_events: Sequence[dict[str, Any]],
+    ) -> tuple[Prepared, dict[str, Any]]:
+        """The statement sending ``kept`` (each expected to write ``expected`` rows), this work
+        and ``other_events``, checking itself (``write_batch.count_check``), and its parameters."""
+        ...
+
+    def resolve(self, row: Any) -> None:
+        """Take the statement's result row."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +121,7 @@ class Tx:
         "options",
         "pick",
         "restartable",
+        "whole_cycles",
     )
 
     def __init__(
@@ -102,6 +137,7 @@ class Tx:
         concurrent: bool = False,
         combines_writes: bool = False,
         restartable: bool = False,
+        whole_cycles: bool = True,
     ) -> None:
         self._conn = conn
         self.concurrent = concurrent
@@ -111,6 +147,9 @@ class Tx:
         """The store owns this transaction and may run the call again from the start (nothing
         is committed before the call returns): a claim takes no savepoint and raises
         :class:`RestartTransaction` where it would have rolled back to one."""
+        self.whole_cycles = whole_cycles
+        """A quiet ``settle_and_claim`` may be tried as one statement (``cycle_statement``): false
+        when the call runs again after that statement's check failed."""
         self._keep_writes = combines_writes
         self._kept: list[KeptWrite] = []
         self._kept_events: list[dict[str, Any]] = []
@@ -122,12 +161,12 @@ class Tx:
         self.options = options
         self.events: list[dict[str, Any]] = []
         """The ``events`` rows written in this transaction (logged after commit: ``telemetry``)."""
-        self._pick: PendingPick | None = None
-        self.pick: PendingPick | None = None
-        """The claim left to the writes statement in this transaction (:meth:`pick_later`), sent
-        or not yet; ``pick.picked`` is its record once the writes were sent."""
+        self._pick: PendingWrites | None = None
+        self.pick: PendingWrites | None = None
+        """The work left to the writes statement in this transaction (:meth:`pick_later`), sent
+        or not yet; its results are its own once the writes were sent."""
         self.finish: Callable[[Any], Any] | None = None
-        """Applied by the runner to the call's result once its writes were sent (a claim taken by
+        """Applied by the runner to the call's result once its writes were sent (work done by
         the writes statement: :meth:`pick_later`)."""
         self.claim_savepoint_kept = False
         """The claim-lock savepoint was just rolled back to (or locked nothing) and no statement
@@ -212,10 +251,11 @@ class Tx:
         transaction, keeps its writes and sends them through the fast path."""
         return self.restartable and self._keep_writes and self._fast is not None
 
-    def pick_later(self, pick: PendingPick) -> None:
-        """Leave the claim of the first free of ``pick``'s candidates to the statement that sends
-        the kept writes (:mod:`scheduler.store.window_pick`); ``pick.picked`` is the claimed
-        record once it ran. Only where :attr:`picks_in_writes`."""
+    def pick_later(self, pick: PendingWrites) -> None:
+        """Leave ``pick`` (the claim of the first free window candidate:
+        :mod:`scheduler.store.window_pick`; a whole quiet cycle: :mod:`scheduler.store.cycle_statement`)
+        to the statement that sends the kept writes; it has its results once that ran. Only
+        where :attr:`picks_in_writes`."""
         assert self.picks_in_writes and self.pick is None
         self._pick = self.pick = pick
 
@@ -270,9 +310,9 @@ class Tx:
                 raise write.conflict()
 
     def _flush_pick(
-        self, pick: PendingPick, kept: list[KeptWrite], rest: list[dict[str, Any]], commit: bool
+        self, pick: PendingWrites, kept: list[KeptWrite], rest: list[dict[str, Any]], commit: bool
     ) -> None:
-        """The kept writes, the pending claim and the events as one checked statement (with the
+        """The kept writes, the pending work and the events as one checked statement (with the
         ``COMMIT`` where ``commit``); a count not as expected runs the call again."""
         fast = self._fast
         if fast is None or len(rest) > MULTI_ROW_EVENTS:
@@ -280,16 +320,22 @@ class Tx:
         statement, parameters = pick.writes(
             [(write.statement, write.parameters) for write in kept], [write.expected for write in kept], rest
         )
+        lead = pick.lead
         try:
-            done = fast.run(self._conn, statement, parameters, commit=commit)
+            done = (
+                None if lead is None else fast.run_led(self._conn, lead, statement, parameters, commit=commit)
+            )
+            if done is None and lead is not None:
+                self.first(*lead)  # a round trip of its own (not named yet)
+            if done is None:
+                done = fast.run(self._conn, statement, parameters, commit=commit)
             row = done[0][0] if done is not None else self.first(statement, parameters)
         except DBAPIError as error:
             if counts_differed(error):
-                raise RestartTransaction from error
+                raise pick.missed from error
             raise
-        pick.resolve(row.picked)
-        if pick.event is not None:
-            self.events.append(pick.event)
+        pick.resolve(row)
+        self.events.extend(pick.events)
 
     def _before(self, statement: Prepared | None) -> None:
         """Send the kept writes and events before a statement that could see them."""

@@ -64,14 +64,15 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT
 from scheduler.schema import tables as t
 from scheduler.store.claim_plan import plain
+from scheduler.store.claim_query import replace_binds
 from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.occurrence_rows import event_data_json
 from scheduler.store.records import Occurrence
+from scheduler.store.restart import RestartTransaction
 from scheduler.store.telemetry import records_event
 from scheduler.store.write_batch import (
     EVENT_COLUMNS,
@@ -91,7 +92,7 @@ Prepare = Callable[[StoredRow, bool], tuple[dict[str, Any], dict[str, Any], Occu
 _CLAIM_BINDS: Final = {"p_owner": "claim_owner", "p_expires": "claim_expires", "p_now": "claim_now"}
 
 
-def _version(table: Any) -> Any:
+def version_sql(table: Any) -> Any:
     """``id:fence:status:attempt:available_at:scheduled_for`` of a row (see :func:`version`)."""
     expression: Any = table.c.occurrence_id
     for name in ("fence", "status", "attempt", "available_at", "scheduled_for"):
@@ -101,7 +102,7 @@ def _version(table: Any) -> Any:
 
 
 def version(row: StoredRow) -> str:
-    """A candidate's version as read, as :func:`_version` renders it (the fence, attempt and
+    """A candidate's version as read, as :func:`version_sql` renders it (the fence, attempt and
     times are integers and no status contains ``:``, so it is unambiguous)."""
     return (
         f"{row.occurrence_id}:{row.fence}:{row.status}:{row.attempt}:{row.available_at}:{row.scheduled_for}"
@@ -114,7 +115,8 @@ def claim_data_json(attempt: int, previous_status: str) -> str:
     return f'{{"attempt":{attempt},"previousOwner":null,"previousStatus":"{previous_status}"}}'
 
 
-def _claim_data_json(claimed: Any) -> Any:
+def claim_data_sql(claimed: Any) -> Any:
+    """SQL for :func:`claim_data_json` of ``claimed``'s ``attempt`` and ``previous_status``."""
     return (
         literal_column("""'{"attempt":'""")
         + cast(claimed.c.attempt, String)
@@ -128,7 +130,7 @@ class PendingPick:
     """The window's candidates (plain, waiting, in the seed's order) and, for each, what
     ``Claims.claim`` of it returns; resolved by the writes statement."""
 
-    __slots__ = ("_done", "_prepare", "candidates", "claim", "event", "may_be_empty", "picked", "shared")
+    __slots__ = ("_done", "_prepare", "candidates", "claim", "events", "may_be_empty", "picked", "shared")
 
     def __init__(
         self,
@@ -146,7 +148,8 @@ class PendingPick:
         self.shared = shared
         self.may_be_empty = may_be_empty
         self.picked: Occurrence | None = None
-        self.event: dict[str, Any] | None = None
+        self.events: list[dict[str, Any]] = []
+        """The claim event's row, once a candidate was claimed."""
         self._done = done
 
     @classmethod
@@ -227,23 +230,36 @@ class PendingPick:
         parameters["may_be_empty"] = 1 if self.may_be_empty else 0
         return statement, parameters
 
-    def resolve(self, picked_id: str | None) -> None:
-        """Record the candidate claimed (``picked_id``; ``None``: none was free): :attr:`picked`,
-        its claimed record, and :attr:`event`, its claim event row."""
+    @property
+    def missed(self) -> type[RestartTransaction]:
+        """The call runs again without leaving its claim to the writes statement."""
+        return RestartTransaction
+
+    @property
+    def lead(self) -> None:
+        """Nothing runs before the writes statement."""
+        return None
+
+    def resolve(self, row: Any) -> None:
+        """Record the candidate the statement claimed (its result ``row``'s ``picked``; ``None``:
+        none was free): :attr:`picked`, its claimed record, and :attr:`events`, its claim event."""
+        picked_id = row.picked
         position = None
         if picked_id is not None:
-            position = [row.occurrence_id for row in self.candidates].index(picked_id)
-            row = self.candidates[position]
-            self.picked = self._prepare(row, True)[2]
-            self.event = {
-                "job_id": row.job_id,
-                "occurrence_id": row.occurrence_id,
-                "event_type": CLAIMED,
-                "occurred_at": self.shared["claim_event_occurred_at"],
-                "owner_id": self.shared["claim_event_owner_id"],
-                "fence": row.fence + 1,
-                "data_json": claim_data_json(row.attempt + 1, row.status),
-            }
+            position = [candidate.occurrence_id for candidate in self.candidates].index(picked_id)
+            candidate = self.candidates[position]
+            self.picked = self._prepare(candidate, True)[2]
+            self.events = [
+                {
+                    "job_id": candidate.job_id,
+                    "occurrence_id": candidate.occurrence_id,
+                    "event_type": CLAIMED,
+                    "occurred_at": self.shared["claim_event_occurred_at"],
+                    "owner_id": self.shared["claim_event_owner_id"],
+                    "fence": candidate.fence + 1,
+                    "data_json": claim_data_json(candidate.attempt + 1, candidate.status),
+                }
+            ]
         self._done(position)
 
 
@@ -256,7 +272,7 @@ def _statement(
     versions = [bindparam(f"c{index}_version", type_=String()) for index in range(candidates)]
     pick = (
         select(_o.c.occurrence_id, _o.c.fence, _o.c.status)
-        .where(_o.c.occurrence_id.in_(ids), _version(_o).in_(versions))
+        .where(_o.c.occurrence_id.in_(ids), version_sql(_o).in_(versions))
         .order_by(case({key: position for position, key in enumerate(ids)}, value=_o.c.occurrence_id))
         .limit(1)
         .with_for_update(skip_locked=True, of=_o)
@@ -276,7 +292,7 @@ def _statement(
             bindparam("claim_event_occurred_at", type_=t.events.c.occurred_at.type),
             bindparam("claim_event_owner_id", type_=t.events.c.owner_id.type),
             claimed.c.fence,
-            _claim_data_json(claimed),
+            claim_data_sql(claimed),
         )
     )
     source: Any = rows[0] if len(rows) == 1 else union_all(*rows)
@@ -308,15 +324,17 @@ def _claim(statement: Any, pick: Any, versions: Sequence[Any]) -> Any:
         "p_next_fence": _o.c.fence + 1,
     }
 
-    def replace(element: Any) -> Any:
-        if isinstance(element, BindParameter):
-            if element.key in replacements:
-                return replacements[element.key]
-            if element.key in _CLAIM_BINDS:
-                return bindparam(_CLAIM_BINDS[element.key], type_=element.type)
+    def replace(element: BindParameter[Any]) -> Any:
+        if element.key in replacements:
+            return replacements[element.key]
+        if element.key in _CLAIM_BINDS:
+            return bindparam(_CLAIM_BINDS[element.key], type_=element.type)
         return None
 
-    replaced: Any = replacement_traverse(statement, {}, replace)  # type: ignore[call-overload]
-    return replaced.where(_version(_o).in_(versions)).returning(
-        _o.c.occurrence_id, _o.c.job_id, _o.c.fence, _o.c.attempt, pick.c.status.label("previous_status")
+    return (
+        replace_binds(statement, replace)
+        .where(version_sql(_o).in_(versions))
+        .returning(
+            _o.c.occurrence_id, _o.c.job_id, _o.c.fence, _o.c.attempt, pick.c.status.label("previous_status")
+        )
     )

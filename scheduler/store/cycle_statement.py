@@ -1,0 +1,342 @@
+"""A quiet ``settle_and_claim`` that succeeds, in one statement (PostgreSQL).
+
+A quiet cycle was two round trips: the first statement (``cycle_read``) locked the settled row,
+read the clock and the queue's heads and locked a plain head; Python decided the settlement and
+the claim on those rows; the second statement wrote them with the ``COMMIT``. When the
+settlement succeeds, holds its lease and has no control, reservation or adjudication row, and
+the head is a plain waiting row (``claim_plan.plain``) locked as probed, what Python decides is
+fixed by the rows: the settled row becomes ``succeeded`` (``settlement._next_state``), the head
+is claimed with one more attempt and fence (``Claims.prepare``), and the two events' data are
+``{"attempt":…,"maxAttempts":…}`` and ``claim_data_json``'s. So one statement, sent with the
+transaction's ``BEGIN`` and ``COMMIT`` in one round trip, does all of it, after a lead statement
+in the same query that locks the settled row (:attr:`PendingCycle.lead`)::
+
+    WITH <cycle_read.settled_lock: the settled row locked, then the clock read>,
+         <claim_query.head_probe_and_lock: the heads, and a plain head locked SKIP LOCKED>,
+         settled AS (<settlement's guarded settle UPDATE, for a success, at the clock read>
+                     WHERE <no control, reservation or adjudication read; the row locked is the
+                            version the snapshot reads; the lock did not wait long>
+                     RETURNING occurrences.*),
+         claimed AS (<leases' guarded claim UPDATE of the locked head> FROM locked
+                     WHERE <the head as locked is the version probed; no previous owner;
+                            the lease's expiry a safe integer> RETURNING …),
+         ev AS (INSERT INTO events … <the settlement's event> UNION ALL <the claim's>)
+    SELECT <check>, <clock>, <settled row>, <claimed row>
+
+Why the lead lock: the statement reads the settled row's control, reservation and adjudication
+on its snapshot, taken when it starts. Their writers lock the occurrence row first, then write
+those rows; one that committed after that snapshot but before the statement's own lock (no wait,
+or a short one) would be invisible to it, and its pause request would be left on a settled
+occurrence. (The two-statement cycle checks them again in its writes statement, on a newer
+snapshot.) Locked by the statement before, the row can no longer change, and the cycle's
+statement reads them on a snapshot taken after that lock. The head needs no such lead: a control
+or requeue row can only be added to a row that is running or a dead letter, a change of the head
+its version check sees.
+
+The check (``write_batch.count_check``) fails the statement, and the ``COMMIT`` with it, unless
+the settlement wrote its row and either the head was claimed or nothing is due; the call then
+runs again the usual way (``RestartTransaction``), which decides every other case — a lost
+lease, an expired lease to sweep or reclaim, a head another worker holds or that is not plain,
+an unrepresentable lease expiry — and reports its error exactly as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from sqlalchemy import (
+    BigInteger,
+    String,
+    and_,
+    bindparam,
+    cast,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    true,
+)
+from sqlalchemy.sql.elements import BindParameter
+
+from scheduler.contract.constants import MAX_SAFE_INTEGER, SUCCEEDED
+from scheduler.schema import tables as t
+from scheduler.store.authority import LOCK_OCCURRENCE
+from scheduler.store.claim_locks import ClaimContention
+from scheduler.store.claim_query import (
+    ClaimFilter,
+    Shape,
+    head_probe_and_lock,
+    head_probe_params,
+    replace_binds,
+)
+from scheduler.store.cycle_read import MAX_WAIT_US, settled_lock
+from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared
+from scheduler.store.occurrence_rows import occurrence_record
+from scheduler.store.records import Occurrence, SettledAndClaimed
+from scheduler.store.restart import RestartTransaction, WholeCycleMissed
+from scheduler.store.settlement import SettleRequest, guarded_settle_update
+from scheduler.store.telemetry import records_event
+from scheduler.store.tx import Tx
+from scheduler.store.window_pick import CLAIMED, claim_data_json, claim_data_sql, version_sql
+from scheduler.store.write_batch import EVENT_COLUMNS, count_check
+
+SETTLED: Final = "occurrence_succeeded"
+_o = t.occurrences
+_NAMES: Final = tuple(column.name for column in _o.c)
+_MAX_SAFE: Final[Any] = literal_column(str(MAX_SAFE_INTEGER))
+
+
+def _succeeded(lock: Any) -> Any:
+    """The settlement's ``UPDATE`` for a success (``settlement.SETTLE_GUARDED_UPDATE``, its
+    values as ``_next_state`` decides them) of the row ``lock`` read, if that row was read
+    without a control, reservation or adjudication, as the version the snapshot reads, and
+    without a long lock wait (``cycle_read.read_cycle``'s checks)."""
+    current = lock.current
+    values = {
+        "p_now": lock.now,
+        "p_status": literal_column(f"'{SUCCEEDED}'"),
+        "p_available": _o.c.available_at,
+        "p_error": literal_column("NULL"),
+        "p_settled": lock.now,
+    }
+    waited = select(lock.clock.c.waited_us).scalar_subquery()
+    return (
+        replace_binds(guarded_settle_update(), lambda element: values.get(element.key))
+        .where(
+            current.c.occurrence_id == _o.c.occurrence_id,
+            current.c.control_state.is_(None),
+            current.c.reservation_status.is_(None),
+            current.c.adjudication_status.is_(None),
+            current.c.row_version == lock.version_as_read,
+            waited <= MAX_WAIT_US,
+        )
+        .returning(*_o.c)
+        .cte("settled")
+    )
+
+
+def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any:
+    """The claim ``UPDATE`` (a fresh copy of ``leases._CLAIM_GUARDED``'s statement) of the head
+    ``locked``, at its version as probed, with what ``Claims.prepare`` writes for a plain row."""
+    values = {
+        "p_id": locked.c.occurrence_id,
+        "p_fence": locked.c.fence,
+        "p_attempt": _o.c.attempt + 1,
+        "p_next_fence": _o.c.fence + 1,
+        "p_expires": expires,
+        "p_now": now,
+    }
+
+    def replace(element: BindParameter[Any]) -> Any:
+        return values.get(element.key)
+
+    probed = (
+        select(version_sql(probe)).where(probe.c.occurrence_id == locked.c.occurrence_id).scalar_subquery()
+    )
+    return (
+        replace_binds(claim, replace)
+        .where(
+            version_sql(_o) == probed,
+            _o.c.lease_owner.is_(None),
+            expires <= _MAX_SAFE,
+        )
+        .returning(*_o.c, locked.c.status.label("previous_status"))
+        .cte("claimed")
+    )
+
+
+def _settled_data_sql(settled: Any) -> Any:
+    """The settlement event's data of a row with no reservation, succeeded (``settlement._event_data``)."""
+    return (
+        literal_column("""'{"attempt":'""")
+        + cast(settled.c.attempt, String)
+        + literal_column("""',"maxAttempts":'""")
+        + cast(settled.c.max_attempts, String)
+        + literal_column("'}'")
+    )
+
+
+def settled_data_json(attempt: int, max_attempts: int) -> str:
+    """:func:`_settled_data_sql` as Python text (the canonical JSON of the same dict)."""
+    return f'{{"attempt":{attempt},"maxAttempts":{max_attempts}}}'
+
+
+def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool) -> Prepared:
+    lock = settled_lock(server_clock)
+    now = lock.now
+    expires = now + bindparam("p_lease", type_=BigInteger())
+    heads = head_probe_and_lock(shape, now=now, lock_if=lock.lease_held)
+    settled = _succeeded(lock)
+    claimed = _claimed(claim(), heads.probe, heads.locked, now, expires)
+    owner = bindparam("p_owner", type_=_o.c.lease_owner.type)
+
+    def event(row: Any, event_type: str, data: Any) -> Any:
+        return select(
+            row.c.job_id,
+            row.c.occurrence_id,
+            literal_column(f"'{event_type}'"),
+            now,
+            owner,
+            row.c.fence,
+            data,
+        )
+
+    events = (
+        insert(t.events)
+        .from_select(
+            list(EVENT_COLUMNS),
+            event(settled, SETTLED, _settled_data_sql(settled)).union_all(
+                event(claimed, CLAIMED, claim_data_sql(claimed))
+            ),
+        )
+        .returning(literal_column("1"))
+        .cte("ev")
+    )
+
+    def count(cte: Any) -> Any:
+        return select(func.count()).select_from(cte).scalar_subquery()
+
+    decided = and_(
+        count(settled) == 1,
+        or_(count(claimed) == 1, count(heads.probe) == 0),
+        count(events) == 1 + count(claimed),
+        expires <= _MAX_SAFE,
+    )
+    statement = select(
+        count_check((), decided),
+        lock.clock.c.now.label("server_now"),
+        *[settled.c[name].label("s_" + name) for name in _NAMES],
+        *[claimed.c[name].label("c_" + name) for name in _NAMES],
+        claimed.c.previous_status.label("c_previous_status"),
+    ).select_from(lock.clock.outerjoin(settled, true()).outerjoin(claimed, true()))
+    return Prepared(statement, locks=True)
+
+
+@functools.cache
+def _statement(claim: Callable[[], Any], shape: Shape, server_clock: bool) -> Prepared:
+    with STATEMENTS_LOCK:  # built from module-level statements every thread shares
+        return _build(claim, shape, server_clock)
+
+
+class PendingCycle:
+    """A quiet ``settle_and_claim`` left whole to the call's writes statement (``Tx.pick_later``);
+    :attr:`result` once it ran."""
+
+    __slots__ = ("_claim", "_contention", "_filter", "_lease_ms", "_request", "_tx", "events", "result")
+
+    def __init__(
+        self,
+        tx: Tx,
+        claim: Callable[[], Any],
+        request: SettleRequest,
+        lease_ms: int,
+        claim_filter: ClaimFilter,
+        contention: ClaimContention,
+    ) -> None:
+        self._tx = tx
+        self._claim = claim
+        self._request = request
+        self._lease_ms = lease_ms
+        self._filter = claim_filter
+        self._contention = contention
+        self.events: list[dict[str, Any]] = []
+        self.result: SettledAndClaimed | None = None
+
+    @property
+    def missed(self) -> type[RestartTransaction]:
+        """The call runs again restartable, the usual way (``session``)."""
+        return WholeCycleMissed
+
+    @property
+    def lead(self) -> tuple[Prepared, dict[str, Any]]:
+        """The settled row locked first (``authority.LOCK_OCCURRENCE``, as every writer of its
+        control, reservation and adjudication rows locks it): the cycle's statement then reads
+        those rows on a snapshot taken after the lock (see the module)."""
+        return LOCK_OCCURRENCE, {"occurrence_id": self._request.occurrence_id}
+
+    def writes(
+        self,
+        kept: Sequence[tuple[Prepared, dict[str, Any]]],
+        expected: Sequence[int],
+        other_events: Sequence[dict[str, Any]],
+    ) -> tuple[Prepared, dict[str, Any]]:
+        """The cycle's statement and parameters (the call wrote and kept nothing else)."""
+        assert not kept and not expected and not other_events
+        tx, request = self._tx, self._request
+        server_clock = tx.clock_unread
+        parameters = head_probe_params(0 if server_clock else tx.now, self._filter)
+        if server_clock:
+            del parameters["now"]  # the statement reads its own clock
+        parameters["p_id"] = request.occurrence_id
+        parameters["p_owner"] = request.owner_id
+        parameters["p_fence"] = request.fence
+        parameters["p_result"] = request.result_json
+        parameters["p_lease"] = self._lease_ms
+        return _statement(self._claim, self._filter.shape, server_clock), parameters
+
+    def resolve(self, row: Any) -> None:
+        """Take the statement's row: the call's clock, both records and both events."""
+        tx, owner = self._tx, self._request.owner_id
+        if tx.clock_unread:
+            tx.adopt_clock(row.server_now)
+        now = tx.now
+        settled = {name: getattr(row, "s_" + name) for name in _NAMES}
+        self.events = [
+            _event(
+                settled, SETTLED, now, owner, settled_data_json(settled["attempt"], settled["max_attempts"])
+            )
+        ]
+        claimed: Occurrence | None = None
+        if row.c_occurrence_id is not None:
+            values = {name: getattr(row, "c_" + name) for name in _NAMES}
+            claimed = occurrence_record(values)
+            claim_data = claim_data_json(values["attempt"], row.c_previous_status)
+            self.events.append(_event(values, CLAIMED, now, owner, claim_data))
+            self._contention.took_first(True)
+        self.result = SettledAndClaimed(settled=occurrence_record(settled), claimed=claimed)
+
+
+def _event(row: dict[str, Any], event_type: str, now: int, owner: str, data_json: str) -> dict[str, Any]:
+    return {
+        "job_id": row["job_id"],
+        "occurrence_id": row["occurrence_id"],
+        "event_type": event_type,
+        "occurred_at": now,
+        "owner_id": owner,
+        "fence": row["fence"],
+        "data_json": data_json,
+    }
+
+
+def cycle_in_one_statement(
+    tx: Tx,
+    claim: Callable[[], Any],
+    request: SettleRequest,
+    lease_ms: int,
+    claim_filter: ClaimFilter,
+    contention: ClaimContention | None,
+) -> PendingCycle | None:
+    """Leave the whole call to one statement where it may be (see the module), returning the
+    pending cycle (the call's result is its :attr:`~PendingCycle.result` once the writes were
+    sent), else ``None``: a success without an adjudication request, on the quiet path
+    (``contention.probe_first``), in a transaction whose writes go as one statement
+    (``Tx.picks_in_writes``) and that is not a call run again after the statement missed
+    (``Tx.whole_cycles``), where no settlement or claim event is logged or counted (the
+    call's state changes are collected before its writes are sent)."""
+    if not (
+        contention is not None
+        and contention.probe_first
+        and request.succeeded
+        and request.adjudication_request_id is None
+        and tx.picks_in_writes
+        and tx.whole_cycles
+        and not records_event(SETTLED)
+        and not records_event(CLAIMED)
+    ):
+        return None
+    pending = PendingCycle(tx, claim, request, lease_ms, claim_filter, contention)
+    tx.pick_later(pending)
+    return pending
