@@ -80,6 +80,21 @@ def postgres_server() -> Iterator[PostgresServer]:
     server.dispose()
 
 
+@pytest.fixture(autouse=True)
+def _shared_engine_left_unobserved(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves an event listener on the shared engine: SQLAlchemy keeps
+    ``_has_events`` set after ``event.remove``, which turns the store's fast path (and with it
+    the one-statement cycle) off for every later test of this process on that engine."""
+    if "postgres_server" not in request.fixturenames:
+        yield
+        return
+    engine = request.getfixturevalue("postgres_server").engine
+    observed_before = engine._has_events or engine.dialect._has_events
+    yield
+    if not observed_before and (engine._has_events or engine.dialect._has_events):
+        pytest.fail("this test added an event listener to the shared engine: use an engine of its own")
+
+
 @pytest.fixture(scope="session")
 def pg_engine(postgres_server: PostgresServer) -> Engine:
     return postgres_server.engine

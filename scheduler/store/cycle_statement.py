@@ -90,7 +90,7 @@ _MAX_SAFE: Final[Any] = literal_column(str(MAX_SAFE_INTEGER))
 
 
 def _succeeded(lock: Any) -> Any:
-    """The settlement's ``UPDATE`` for a success (``settlement.SETTLE_GUARDED_UPDATE``, its
+    """The settlement's ``UPDATE`` for a success (``settlement.guarded_settle_update``, its
     values as ``_next_state`` decides them) of the row ``lock`` read, if that row was read
     without a control, reservation or adjudication, as the version the snapshot reads, and
     without a long lock wait (``cycle_read.read_cycle``'s checks)."""
