@@ -22,7 +22,7 @@ import pytest
 from backends import PostgresServer, unique_name
 from sqlalchemy import Connection, create_engine, text
 from test_fastpath_postgresql import Recorded, recording_cursor
-from test_postgresql_claims import LEASE, enqueue, held
+from test_postgresql_claims import LEASE, as_among_workers, enqueue, held
 from test_postgresql_window_pick import densely_numbered
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
@@ -55,6 +55,8 @@ class Run:
     ) -> None:
         self.store, self.schema, self.clock, self.made, self._seen = store, schema, clock, made, seen
         self.pending: list[Any] = []
+        self.one_statement = True
+        """Whether this run may leave cycles to one statement (``both_ways``' first run)."""
 
     def sent(self) -> int:
         return len(self._seen)
@@ -88,10 +90,16 @@ def counted_cycles(run: Run) -> Iterator[None]:
 
 
 def both_ways(
-    server: PostgresServer, count: int, scenario: Callable[[Run], Any], *, max_attempts: int = 3
+    server: PostgresServer,
+    count: int,
+    scenario: Callable[[Run], Any],
+    *,
+    max_attempts: int = 3,
+    contended: bool = False,
 ) -> list[tuple[Any, int, dict[str, Any]]]:
     """``scenario`` on ``count`` due occurrences, the first claimed by ``w``: with the one-statement
-    cycle, then without; each run's result, its count of one-statement cycles, and its tables."""
+    cycle, then without; each run's result, its count of one-statement cycles (tried), and its
+    tables. ``contended``: the store's claims stay on the path among workers (the window)."""
     runs = []
     for one_statement in (True, False):
         schema = unique_name("t_cycle")
@@ -103,7 +111,10 @@ def both_ways(
             made = enqueue(store, count, max_attempts=max_attempts)
             first = store.claim_next(owner_id="w", lease_ms=LEASE)
             assert first is not None and first.id == made[0]
+            if contended:
+                as_among_workers(store)
             run = Run(store, schema, clock, made, seen)
+            run.one_statement = one_statement
             off = patch.object(leases, "cycle_in_one_statement", lambda *_args: None)
             with counted_cycles(run) if one_statement else off:
                 result = scenario(run)

@@ -14,7 +14,7 @@ must be equal. The full list itself is checked against SQLite in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 from unittest.mock import patch
 
@@ -37,11 +37,12 @@ WINDOW_CLAIMS = settings(max_examples=60, deadline=None, suppress_health_check=l
 
 
 @st.composite
-def waiting_occurrence(draw: st.DrawFn) -> OccurrenceSpec:
+def waiting_occurrence(draw: st.DrawFn, plain: int = 1) -> OccurrenceSpec:
     """Mostly due queued and retry_wait rows (running ones under a live lease: with an expired
-    lease to act on, the window is not used)."""
+    lease to act on, the window is not used); ``plain`` times fewer exhausted attempts, runtime
+    controls and requeue requests among them than by default."""
     max_attempts = draw(st.integers(1, 3))
-    attempt = draw(st.sampled_from([0] * 12 + [max_attempts]))
+    attempt = draw(st.sampled_from([0] * 12 * plain + [max_attempts]))
     return OccurrenceSpec(
         occurrence_id="occ_" + draw(st.text("abcdefgh", min_size=2, max_size=3)),
         job=draw(st.integers(0, 2)),
@@ -52,9 +53,9 @@ def waiting_occurrence(draw: st.DrawFn) -> OccurrenceSpec:
         max_attempts=max_attempts,
         attempt=attempt,
         fence=draw(st.integers(max(attempt, 1), 4)),
-        control=draw(st.sampled_from([None] * 20 + ["pause_requested", "paused", "resumed"])),
+        control=draw(st.sampled_from([None] * 20 * plain + ["pause_requested", "paused", "resumed"])),
         control_fence_offset=0,
-        retry=draw(st.sampled_from([None] * 12 + ["unclaimed"])),
+        retry=draw(st.sampled_from([None] * 12 * plain + ["unclaimed"])),
         retry_fence_offset=0,
         adjudication=False,
         reservation=False,
@@ -70,6 +71,15 @@ dense_states = st.tuples(
         unique_by=lambda spec: spec.occurrence_id,
     ),
 )
+plain_states = st.tuples(
+    jobs_strategy,
+    st.lists(
+        waiting_occurrence(plain=4),
+        min_size=claim_query.HEAD_WINDOW,
+        max_size=40,
+        unique_by=lambda spec: spec.occurrence_id,
+    ),
+)
 held_picks = st.lists(st.integers(0, 39), max_size=25)
 
 
@@ -79,9 +89,17 @@ def pair(tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServ
 
 
 @contextmanager
+def one_statement_off() -> Iterator[None]:
+    """A ``settle_and_claim`` that succeeds is not tried as one statement (``cycle_statement``,
+    which among workers claims from the window too): its first statement reads the window."""
+    with patch.object(leases, "cycle_in_one_statement", lambda *_args: None):
+        yield
+
+
+@contextmanager
 def full_list_only() -> Iterator[None]:
     """The window path turned off: claims among workers read the full candidate list."""
-    with patch.object(leases, "_claim_from_window", lambda *_args, **_kwargs: False):
+    with patch.object(leases, "_claim_from_window", lambda *_args, **_kwargs: False), one_statement_off():
         yield
 
 
@@ -136,9 +154,10 @@ def test_claim_next_through_the_window_equals_the_full_list(
 def test_settle_and_claim_through_the_window_equals_the_full_list(
     pair: Pair, state: Any, picks: list[int], settlement: str, server_clock: bool
 ) -> None:
-    """The cycle's first statement with the window (and the claim taken by its writes statement,
-    ``window_pick``), on an injected clock and on the server's; on the injected one the tables
-    afterwards must be equal too (event rows byte for byte)."""
+    """A success as one statement claiming from the window (``cycle_statement``), the cycle's
+    first statement with the window (and the claim taken by its writes statement,
+    ``window_pick``), and the full list, on an injected clock and on the server's; on the
+    injected one the tables afterwards must be equal too (event rows byte for byte)."""
     arguments: dict[str, Any] = {"owner_id": OWNER, "lease_ms": LEASE}
     if settlement == "succeeded":
         arguments["outcome"] = "succeeded"
@@ -147,21 +166,58 @@ def test_settle_and_claim_through_the_window_equals_the_full_list(
     else:
         arguments.update(outcome="failed", retry_at=FAR)
     results = []
-    for window in (True, False):
+    for way in (nullcontext, one_statement_off, full_list_only):
         made = pair.build(state)
         settled = own_one_running(pair)
         if settled is None:
             return
-        with held(pair.server.engine, pair.schema, held_rows(made, picks, besides=settled[0])):
-            if window:
-                done = settle_and_claim(pair, settled, arguments, server_clock)
-            else:
-                with full_list_only():
-                    done = settle_and_claim(pair, settled, arguments, server_clock)
+        with held(pair.server.engine, pair.schema, held_rows(made, picks, besides=settled[0])), way():
+            done = settle_and_claim(pair, settled, arguments, server_clock)
         # On the server's clock the rows carry two different instants; the claim is then
         # compared by its result alone.
         results.append((done, None if server_clock else pair.pg_tables()))
+    assert results[0] == results[1] == results[2]
+
+
+@WINDOW_CLAIMS
+@given(
+    state=plain_states,
+    heads_held=st.integers(0, claim_query.HEAD_WINDOW + 2),
+    picks=held_picks,
+    server_clock=st.booleans(),
+)
+def test_a_success_in_one_statement_past_held_heads_equals_the_full_list(
+    pair: Pair, state: Any, heads_held: int, picks: list[int], server_clock: bool
+) -> None:
+    """The one-statement cycle among workers (``cycle_statement``, claiming from the window) with
+    the first ``heads_held`` due rows in the seed's order held by another transaction, and some
+    others: the row it claims, or its miss and the call run again, end as with the full list."""
+    arguments: dict[str, Any] = {"owner_id": OWNER, "lease_ms": LEASE, "outcome": "succeeded"}
+    results = []
+    for way in (nullcontext, full_list_only):
+        made = pair.build(state)
+        settled = own_one_running(pair)
+        if settled is None:
+            return
+        holding = {*due_in_order(pair)[:heads_held], *held_rows(made, picks)} - {settled[0]}
+        with held(pair.server.engine, pair.schema, sorted(holding)), way():
+            done = settle_and_claim(pair, settled, arguments, server_clock)
+        results.append((done, None if server_clock else pair.pg_tables()))
     assert results[0] == results[1]
+
+
+def due_in_order(pair: Pair) -> list[str]:
+    """The due waiting occurrences in the seed's claim order."""
+    with pair.server.engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                f'SELECT occurrence_id FROM "{pair.schema}".occurrences'
+                " WHERE status IN ('queued', 'retry_wait') AND available_at <= :now"
+                " ORDER BY available_at, scheduled_for, occurrence_id"
+            ),
+            {"now": NOW},
+        )
+        return [str(row[0]) for row in rows]
 
 
 def settle_and_claim(

@@ -321,7 +321,7 @@ def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
     return union_all(*arms, select(expired.subquery("expired")))
 
 
-def _plain(probe: Any) -> ColumnElement[bool]:
+def plain_sql(probe: Any) -> ColumnElement[bool]:
     """A due head a claim may take on its probed row alone: its job eligible, attempts left, no
     runtime control and no requeue request (``claim_plan.claimable`` holds for it, and the claim
     ``UPDATE`` re-checks the last three with :data:`PLAIN_CLAIM_GUARD`)."""
@@ -375,14 +375,14 @@ def head_probe_and_lock(
     shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
 ) -> HeadLock:
     """The head probe and the head locked ``FOR UPDATE SKIP LOCKED`` when nothing expired is to be
-    acted on and the head is :func:`_plain` (what the probe's reader would then lock next), as
+    acted on and the head is :func:`plain_sql` (what the probe's reader would then lock next), as
     CTEs. ``now``: an expression for the call's time in place of the bind ``:now``; ``lock_if``:
     a further condition for locking the head."""
     heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
     probe = heads.cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     head = (
-        select(probe.c.occurrence_id, _plain(probe).label("plain"))
+        select(probe.c.occurrence_id, plain_sql(probe).label("plain"))
         .where(
             probe.c.arm != literal_column(f"'{ARM_EXPIRED}'"),
             ~exists().where(expired.c.arm == literal_column(f"'{ARM_EXPIRED}'")),
@@ -433,7 +433,7 @@ def _plain_claim_guard() -> ColumnElement[bool]:
 
 PLAIN_CLAIM_GUARD: Final = _plain_claim_guard()
 """For an ``UPDATE`` of ``occurrences``: the row still has no runtime control and no requeue
-request at its fence, and its job is enabled, as when it was probed (:func:`_plain`); a claim
+request at its fence, and its job is enabled, as when it was probed (:func:`plain_sql`); a claim
 decided on a probed row without reading it again after the lock writes only if this holds."""
 
 

@@ -1,4 +1,4 @@
-"""A quiet ``settle_and_claim`` that succeeds, in one statement (PostgreSQL).
+"""A ``settle_and_claim`` that succeeds, in one statement (PostgreSQL).
 
 A quiet cycle was two round trips: the first statement (``cycle_read``) locked the settled row,
 read the clock and the queue's heads and locked a plain head; Python decided the settlement and
@@ -33,11 +33,21 @@ statement reads them on a snapshot taken after that lock. The head needs no such
 or requeue row can only be added to a row that is running or a dead letter, a change of the head
 its version check sees.
 
+Among workers that hold the first candidates (``ClaimContention`` not quiet) the statement reads
+the window of heads instead of the head (:func:`_window_and_lock`): the candidates
+``claim_plan.window_plan`` yields, in the seed's order, up to the first row that is not plain and
+no further than the last row of an arm that may hold unread rows; the first one free is locked
+``SKIP LOCKED`` at its version as read, as ``window_pick`` locks it in a contended cycle's writes
+statement. A row passed over because its version changed stays locked until the ``COMMIT`` in
+the same round trip. The claimed row's place (``c_position``) tells ``ClaimContention`` whether
+the first candidate was free.
+
 The check (``write_batch.count_check``) fails the statement, and the ``COMMIT`` with it, unless
 the settlement wrote its row and either the head was claimed or nothing is due; the call then
 runs again the usual way (``RestartTransaction``), which decides every other case — a lost
-lease, an expired lease to sweep or reclaim, a head another worker holds or that is not plain,
-an unrepresentable lease expiry — and reports its error exactly as before.
+lease, an expired lease to sweep or reclaim, a head another worker holds or that is not plain (quiet),
+no free candidate before the window's first row that is not plain or past its known order
+(among workers), an unrepresentable lease expiry — and reports its error exactly as before.
 """
 
 from __future__ import annotations
@@ -51,10 +61,13 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     cast,
+    exists,
     func,
     insert,
     literal_column,
+    not_,
     or_,
     select,
     true,
@@ -66,10 +79,15 @@ from scheduler.schema import tables as t
 from scheduler.store.authority import LOCK_OCCURRENCE
 from scheduler.store.claim_locks import ClaimContention
 from scheduler.store.claim_query import (
+    ARM_EXPIRED,
+    HEAD_WINDOW,
     ClaimFilter,
+    HeadLock,
     Shape,
+    build_head_window,
     head_probe_and_lock,
     head_probe_params,
+    plain_sql,
     replace_binds,
 )
 from scheduler.store.cycle_read import MAX_WAIT_US, settled_lock
@@ -118,6 +136,62 @@ def _succeeded(lock: Any) -> Any:
     )
 
 
+def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
+    """The window of heads (``claim_query.build_head_window``) and its first free candidate locked
+    ``FOR UPDATE SKIP LOCKED`` at its version as read (``locked``, with its ``position`` in the
+    seed's order, 1 for the first). The candidates are the window's due rows in that order, as
+    ``claim_plan.window_plan`` yields them, cut before the first row that is not plain
+    (``claim_query.plain_sql``: a row ``window_pick`` would not claim in SQL either) and after the
+    last row of an arm that returned ``HEAD_WINDOW`` rows (past it the order is unknown); none
+    when an expired lease is to be acted on. A candidate another transaction holds is passed over,
+    and so is one changed since the snapshot: PostgreSQL checks the version again on the row it
+    locks, and ``LIMIT 1`` then takes the next."""
+    probe = build_head_window(shape, now).cte("probe").prefix_with("MATERIALIZED")
+    expired = probe.alias("probe_expired")
+    key = (probe.c.available_at, probe.c.scheduled_for, probe.c.occurrence_id)
+    ranked = (
+        select(
+            probe.c.occurrence_id,
+            version_sql(probe).label("version"),
+            plain_sql(probe).is_(True).label("plain"),
+            func.row_number().over(order_by=key).label("position"),
+            func.row_number().over(partition_by=probe.c.arm, order_by=key).label("arm_rank"),
+            func.count().over(partition_by=probe.c.arm).label("arm_rows"),
+        )
+        .where(
+            probe.c.arm != literal_column(f"'{ARM_EXPIRED}'"),
+            ~exists().where(expired.c.arm == literal_column(f"'{ARM_EXPIRED}'")),
+        )
+        .cte("ranked")
+    )
+    full_arm_ends = and_(ranked.c.arm_rows == HEAD_WINDOW, ranked.c.arm_rank == HEAD_WINDOW)
+    last = select(
+        func.min(
+            case(
+                (not_(ranked.c.plain), ranked.c.position - 1),
+                (full_arm_ends, ranked.c.position),
+            )
+        )
+    ).scalar_subquery()
+    occurrences = t.occurrences
+    locked = (
+        select(*occurrences.c, ranked.c.position)
+        .select_from(occurrences.join(ranked, occurrences.c.occurrence_id == ranked.c.occurrence_id))
+        .where(
+            ranked.c.plain,
+            ranked.c.position <= func.coalesce(last, ranked.c.position),
+            version_sql(occurrences) == ranked.c.version,
+            lock_if,
+        )
+        .order_by(ranked.c.position)
+        .limit(literal_column("1"))
+        .with_for_update(of=occurrences, skip_locked=True)
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
+    )
+    return HeadLock(probe, ranked, locked)
+
+
 def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any:
     """The claim ``UPDATE`` (a fresh copy of ``leases._CLAIM_GUARDED``'s statement) of the head
     ``locked``, at its version as probed, with what ``Claims.prepare`` writes for a plain row."""
@@ -164,11 +238,16 @@ def settled_data_json(attempt: int, max_attempts: int) -> str:
     return f'{{"attempt":{attempt},"maxAttempts":{max_attempts}}}'
 
 
-def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool) -> Prepared:
+def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool, window: bool) -> Prepared:
     lock = settled_lock(server_clock)
     now = lock.now
     expires = now + bindparam("p_lease", type_=BigInteger())
-    heads = head_probe_and_lock(shape, now=now, lock_if=lock.lease_held)
+    if window:
+        heads = _window_and_lock(shape, now, lock.lease_held)
+        position: Any = select(heads.locked.c.position).scalar_subquery()
+    else:
+        heads = head_probe_and_lock(shape, now=now, lock_if=lock.lease_held)
+        position = literal_column("1")
     settled = _succeeded(lock)
     claimed = _claimed(claim(), heads.probe, heads.locked, now, expires)
     owner = bindparam("p_owner", type_=_o.c.lease_owner.type)
@@ -211,21 +290,32 @@ def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool) -> Prepar
         *[settled.c[name].label("s_" + name) for name in _NAMES],
         *[claimed.c[name].label("c_" + name) for name in _NAMES],
         claimed.c.previous_status.label("c_previous_status"),
+        position.label("c_position"),
     ).select_from(lock.clock.outerjoin(settled, true()).outerjoin(claimed, true()))
     return Prepared(statement, locks=True)
 
 
 @functools.cache
-def _statement(claim: Callable[[], Any], shape: Shape, server_clock: bool) -> Prepared:
+def _statement(claim: Callable[[], Any], shape: Shape, server_clock: bool, window: bool) -> Prepared:
     with STATEMENTS_LOCK:  # built from module-level statements every thread shares
-        return _build(claim, shape, server_clock)
+        return _build(claim, shape, server_clock, window)
 
 
 class PendingCycle:
     """A quiet ``settle_and_claim`` left whole to the call's writes statement (``Tx.pick_later``);
     :attr:`result` once it ran."""
 
-    __slots__ = ("_claim", "_contention", "_filter", "_lease_ms", "_request", "_tx", "events", "result")
+    __slots__ = (
+        "_claim",
+        "_contention",
+        "_filter",
+        "_lease_ms",
+        "_request",
+        "_tx",
+        "events",
+        "position",
+        "result",
+    )
 
     def __init__(
         self,
@@ -244,6 +334,8 @@ class PendingCycle:
         self._contention = contention
         self.events: list[dict[str, Any]] = []
         self.result: SettledAndClaimed | None = None
+        self.position: int | None = None
+        """The claimed row's place among the candidates in the seed's order (1: the first)."""
 
     @property
     def missed(self) -> type[RestartTransaction]:
@@ -275,7 +367,8 @@ class PendingCycle:
         parameters["p_fence"] = request.fence
         parameters["p_result"] = request.result_json
         parameters["p_lease"] = self._lease_ms
-        return _statement(self._claim, self._filter.shape, server_clock), parameters
+        window = not self._contention.probe_first
+        return _statement(self._claim, self._filter.shape, server_clock, window), parameters
 
     def resolve(self, row: Any) -> None:
         """Take the statement's row: the call's clock, both records and both events."""
@@ -295,7 +388,8 @@ class PendingCycle:
             claimed = occurrence_record(values)
             claim_data = claim_data_json(values["attempt"], row.c_previous_status)
             self.events.append(_event(values, CLAIMED, now, owner, claim_data))
-            self._contention.took_first(True)
+            self.position = row.c_position
+            self._contention.took_first(self.position == 1)
         self.result = SettledAndClaimed(settled=occurrence_record(settled), claimed=claimed)
 
 
@@ -321,14 +415,13 @@ def cycle_in_one_statement(
 ) -> PendingCycle | None:
     """Leave the whole call to one statement where it may be (see the module), returning the
     pending cycle (the call's result is its :attr:`~PendingCycle.result` once the writes were
-    sent), else ``None``: a success without an adjudication request, on the quiet path
-    (``contention.probe_first``), in a transaction whose writes go as one statement
-    (``Tx.picks_in_writes``) and that is not a call run again after the statement missed
-    (``Tx.whole_cycles``), where no settlement or claim event is logged or counted (the
-    call's state changes are collected before its writes are sent)."""
+    sent), else ``None``: a success without an adjudication request, in a transaction whose
+    writes go as one statement (``Tx.picks_in_writes``) and that is not a call run again after
+    the statement missed (``Tx.whole_cycles``), where no settlement or claim event is logged or counted (the
+    call's state changes are collected before its writes are sent). Quiet, the statement claims
+    the head (``claim_query.head_probe_and_lock``); among workers, from the window of heads."""
     if not (
         contention is not None
-        and contention.probe_first
         and request.succeeded
         and request.adjudication_request_id is None
         and tx.picks_in_writes
