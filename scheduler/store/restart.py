@@ -13,6 +13,6 @@ class RestartTransaction(Exception):
 
 
 class WholeCycleMissed(RestartTransaction):
-    """A quiet cycle left whole to one statement (``cycle_statement``) found a case that
+    """A cycle left whole to one statement (``cycle_statement``) found a case that
     statement does not decide (its check failed, nothing written): the runner runs the call again
     in a restartable transaction that does not try the statement, before any savepoint path."""

@@ -40,7 +40,9 @@ claim ``UPDATE`` found the picked row's control, requeue request or job changed
 before this module. When the window held every due row and none was free, the call settles and
 claims nothing, as ``lock_candidates`` finding none decides.
 
-So a contended cycle is two statements, as a quiet one is: its first statement and this one.
+So a contended cycle is two statements: its first statement and this one. A successful one is
+first tried as one statement (``cycle_statement``, the window variant); this path serves where
+that statement misses or does not apply.
 """
 
 from __future__ import annotations
