@@ -115,6 +115,25 @@ def test_the_window_does_not_claim_past_the_last_row_of_a_full_arm(postgres_serv
     assert claimed is not None and claimed.id == made[2 + window]
 
 
+def test_the_last_row_of_a_full_arm_is_still_a_candidate(postgres_server: PostgresServer) -> None:
+    """As above with the full arm's last row free: it is the next row in the seed's order whatever
+    lies beyond the window, and the statement claims it."""
+    window = claim_query.HEAD_WINDOW
+
+    def scenario(run: Run) -> Any:
+        other = run.store.claim_next(owner_id="v", lease_ms=LEASE)
+        assert other is not None and other.id == run.made[1]
+        run.store.settle(occurrence_id=other.id, owner_id="v", fence=1, outcome="failed", retry_at=T0 + 5)
+        run.clock.now = T0 + 5
+        with held(postgres_server.engine, run.schema, run.made[2 : 1 + window]):
+            done = cycle(run.store, run.made[0], 1)
+        return (run.made, done), None
+
+    (made, (settled, claimed)), _, found = compared(postgres_server, window + 4, scenario)
+    assert settled.status == "succeeded" and found == [window]
+    assert claimed is not None and claimed.id == made[1 + window]
+
+
 def test_a_due_retry_within_the_window_is_claimed_in_its_place(postgres_server: PostgresServer) -> None:
     """A retry due between queued rows (the two arms merged in the seed's order), every row before
     it held: the statement claims the retry."""

@@ -29,7 +29,7 @@ from test_postgresql_claims import as_among_workers, enqueue, held
 from test_postgresql_races import AUTHORITY
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store import claim_query, leases
+from scheduler.store import claim_query, cycle_statement, leases
 
 TIMES = [NOW - 2000, NOW - 1000, NOW - 500, NOW]
 FAR = 9_000_000_000_000
@@ -179,31 +179,43 @@ def test_settle_and_claim_through_the_window_equals_the_full_list(
     assert results[0] == results[1] == results[2]
 
 
-@WINDOW_CLAIMS
-@given(
-    state=plain_states,
-    heads_held=st.integers(0, claim_query.HEAD_WINDOW + 2),
-    picks=held_picks,
-    server_clock=st.booleans(),
-)
-def test_a_success_in_one_statement_past_held_heads_equals_the_full_list(
-    pair: Pair, state: Any, heads_held: int, picks: list[int], server_clock: bool
-) -> None:
+def test_a_success_in_one_statement_past_held_heads_equals_the_full_list(pair: Pair) -> None:
     """The one-statement cycle among workers (``cycle_statement``, claiming from the window) with
     the first ``heads_held`` due rows in the seed's order held by another transaction, and some
-    others: the row it claims, or its miss and the call run again, end as with the full list."""
-    arguments: dict[str, Any] = {"owner_id": OWNER, "lease_ms": LEASE, "outcome": "succeeded"}
-    results = []
-    for way in (nullcontext, full_list_only):
-        made = pair.build(state)
-        settled = own_one_running(pair)
-        if settled is None:
-            return
-        holding = {*due_in_order(pair)[:heads_held], *held_rows(made, picks)} - {settled[0]}
-        with held(pair.server.engine, pair.schema, sorted(holding)), way():
-            done = settle_and_claim(pair, settled, arguments, server_clock)
-        results.append((done, None if server_clock else pair.pg_tables()))
-    assert results[0] == results[1]
+    others: the row it claims, or its miss and the call run again, end as with the full list.
+    Across the examples the statement itself must have claimed rows, past held ones too."""
+    claimed_at: list[int] = []
+    resolve = cycle_statement.PendingCycle.resolve
+
+    def counted(self: cycle_statement.PendingCycle, row: Any) -> None:
+        resolve(self, row)
+        if self.position is not None:
+            claimed_at.append(self.position)
+
+    @WINDOW_CLAIMS
+    @given(
+        state=plain_states,
+        heads_held=st.integers(0, claim_query.HEAD_WINDOW + 2),
+        picks=held_picks,
+        server_clock=st.booleans(),
+    )
+    def examples(state: Any, heads_held: int, picks: list[int], server_clock: bool) -> None:
+        arguments: dict[str, Any] = {"owner_id": OWNER, "lease_ms": LEASE, "outcome": "succeeded"}
+        results = []
+        statement = patch.object(cycle_statement.PendingCycle, "resolve", counted)
+        for way in (lambda: statement, full_list_only):
+            made = pair.build(state)
+            settled = own_one_running(pair)
+            if settled is None:
+                return
+            holding = {*due_in_order(pair)[:heads_held], *held_rows(made, picks)} - {settled[0]}
+            with held(pair.server.engine, pair.schema, sorted(holding)), way():
+                done = settle_and_claim(pair, settled, arguments, server_clock)
+            results.append((done, None if server_clock else pair.pg_tables()))
+        assert results[0] == results[1]
+
+    examples()
+    assert len(claimed_at) >= 5 and max(claimed_at) > 1, claimed_at
 
 
 def due_in_order(pair: Pair) -> list[str]:

@@ -364,7 +364,9 @@ def build_head_window(shape: Shape, now: ColumnElement[Any]) -> CompoundSelect[A
 class HeadLock:
     """The CTEs of :func:`build_head_probe_and_lock`: ``probe`` (the head probe's rows), ``head``
     (the earliest due row, with ``plain``; none when something expired is to be acted on) and
-    ``locked`` (that head as locked, its newest version; none when it was not locked)."""
+    ``locked`` (that head as locked, its newest version; none when it was not locked). The
+    window variant (``cycle_statement._window_and_lock``) has the window's rows in ``probe``,
+    their ranking in ``head`` and the first free candidate in ``locked``."""
 
     probe: Any
     head: Any

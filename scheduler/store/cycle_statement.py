@@ -302,8 +302,8 @@ def _statement(claim: Callable[[], Any], shape: Shape, server_clock: bool, windo
 
 
 class PendingCycle:
-    """A quiet ``settle_and_claim`` left whole to the call's writes statement (``Tx.pick_later``);
-    :attr:`result` once it ran."""
+    """A successful ``settle_and_claim`` left whole to the call's writes statement
+    (``Tx.pick_later``); :attr:`result` once it ran."""
 
     __slots__ = (
         "_claim",
