@@ -95,10 +95,14 @@ def test_a_claimable_row_that_is_not_plain_stops_the_statement(postgres_server: 
     assert claimed is not None and claimed.id == made[1] != later and claimed.attempt == 1
 
 
-def test_the_window_does_not_claim_past_the_last_row_of_a_full_arm(postgres_server: PostgresServer) -> None:
-    """The queued arm returns ``HEAD_WINDOW`` rows, all held; a due retry is later than all of them.
-    Queued rows beyond the window come before it: the statement misses and the call claims the
-    first of them, not the retry."""
+@pytest.mark.parametrize("held_rows", [claim_query.HEAD_WINDOW, claim_query.HEAD_WINDOW - 1])
+def test_the_window_claims_up_to_the_last_row_of_a_full_arm_and_not_past_it(
+    postgres_server: PostgresServer, held_rows: int
+) -> None:
+    """The queued arm returns ``HEAD_WINDOW`` rows; a due retry is later than all of them. With the
+    arm's rows all held, queued rows beyond the window come before the retry: the statement misses
+    and the call claims the first of them, not the retry. With the arm's last row free, that row
+    is the next in the seed's order whatever lies beyond, and the statement claims it."""
     window = claim_query.HEAD_WINDOW
 
     def scenario(run: Run) -> Any:
@@ -106,32 +110,14 @@ def test_the_window_does_not_claim_past_the_last_row_of_a_full_arm(postgres_serv
         assert other is not None and other.id == run.made[1]
         run.store.settle(occurrence_id=other.id, owner_id="v", fence=1, outcome="failed", retry_at=T0 + 5)
         run.clock.now = T0 + 5
-        with held(postgres_server.engine, run.schema, run.made[2 : 2 + window]):
+        with held(postgres_server.engine, run.schema, run.made[2 : 2 + held_rows]):
             done = cycle(run.store, run.made[0], 1)
         return (run.made, done), None
 
     (made, (settled, claimed)), _, found = compared(postgres_server, window + 4, scenario)
-    assert settled.status == "succeeded" and found == [None]
-    assert claimed is not None and claimed.id == made[2 + window]
-
-
-def test_the_last_row_of_a_full_arm_is_still_a_candidate(postgres_server: PostgresServer) -> None:
-    """As above with the full arm's last row free: it is the next row in the seed's order whatever
-    lies beyond the window, and the statement claims it."""
-    window = claim_query.HEAD_WINDOW
-
-    def scenario(run: Run) -> Any:
-        other = run.store.claim_next(owner_id="v", lease_ms=LEASE)
-        assert other is not None and other.id == run.made[1]
-        run.store.settle(occurrence_id=other.id, owner_id="v", fence=1, outcome="failed", retry_at=T0 + 5)
-        run.clock.now = T0 + 5
-        with held(postgres_server.engine, run.schema, run.made[2 : 1 + window]):
-            done = cycle(run.store, run.made[0], 1)
-        return (run.made, done), None
-
-    (made, (settled, claimed)), _, found = compared(postgres_server, window + 4, scenario)
-    assert settled.status == "succeeded" and found == [window]
-    assert claimed is not None and claimed.id == made[1 + window]
+    assert settled.status == "succeeded" and claimed is not None
+    assert claimed.id == made[2 + held_rows]  # the row after the held ones, never the retry
+    assert found == ([None] if held_rows == window else [window])
 
 
 def test_a_due_retry_within_the_window_is_claimed_in_its_place(postgres_server: PostgresServer) -> None:
