@@ -2,7 +2,8 @@
 
 * ``postgres_server`` (session): the server of ``SCHEDULER_TEST_POSTGRES_URL``; skips when the
   variable is unset, FAILS when it is set and the server does not answer.
-* ``pg_engine`` (session): an engine on the test run's database.
+* ``pg_engine`` (session): an engine on the test run's database, shared: add no event listener to it.
+* ``private_engine``: an engine on the same database of the test's own (one it may listen to).
 * ``pg_schema``: a fresh schema name (not created yet), dropped with everything in it afterwards.
 * ``pg_database``: a fresh, empty database (URL), dropped afterwards.
 * ``wheel_env`` (session): this project built as a wheel and installed into a fresh venv
@@ -31,9 +32,10 @@ from backends import (
     unreachable_message,
 )
 from recorded import T0
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
 from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace
 from wheel_support import InstalledWheel, install_wheel
 
@@ -80,19 +82,34 @@ def postgres_server() -> Iterator[PostgresServer]:
     server.dispose()
 
 
+def _observed(engine: Engine) -> bool:
+    """Whether an event listener was ever added to ``engine`` or its dialect (SQLAlchemy keeps
+    ``_has_events`` set after ``event.remove``; the store's fast path is then off on it)."""
+    return bool(engine._has_events or engine.dialect._has_events)
+
+
 @pytest.fixture(autouse=True)
 def _shared_engine_left_unobserved(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test that leaves an event listener on the shared engine: SQLAlchemy keeps
-    ``_has_events`` set after ``event.remove``, which turns the store's fast path (and with it
-    the one-statement cycle) off for every later test of this process on that engine."""
+    """Fail a test that adds an event listener to the shared engine: the store's fast path (and
+    with it the one-statement cycle) would be off for every later test of this process on it.
+    A test that listens uses ``private_engine``."""
     if "postgres_server" not in request.fixturenames:
         yield
         return
     engine = request.getfixturevalue("postgres_server").engine
-    observed_before = engine._has_events or engine.dialect._has_events
+    observed_before = _observed(engine)
     yield
-    if not observed_before and (engine._has_events or engine.dialect._has_events):
-        pytest.fail("this test added an event listener to the shared engine: use an engine of its own")
+    if not observed_before and _observed(engine):
+        pytest.fail("this test added an event listener to the shared engine: use private_engine")
+
+
+@pytest.fixture
+def private_engine(postgres_server: PostgresServer) -> Iterator[Engine]:
+    """An engine on the test run's database of this test's own, for a test that adds event
+    listeners (never to the shared one: see ``_shared_engine_left_unobserved``)."""
+    engine = create_engine(postgres_server.url, poolclass=NullPool)
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from backends import PostgresServer, unique_name
 from psycopg import _queries as psycopg_queries
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
-from sqlalchemy.pool import NullPool, QueuePool
+from sqlalchemy.pool import QueuePool
 
 from scheduler import SchedulerKernelError, open_store
 from scheduler.schema import SCHEMA_V6_PG_FINGERPRINT, schema_fingerprint
@@ -125,9 +125,7 @@ def test_every_open_verifies_the_catalog(pg_engine: Engine, pg_schema: str) -> N
     assert caught.value.code == "SCHEDULER_SCHEMA_CORRUPT"
 
 
-def test_psycopg_keeps_the_parsed_form_of_every_hot_statement(
-    postgres_server: PostgresServer, pg_schema: str
-) -> None:
+def test_psycopg_keeps_the_parsed_form_of_every_hot_statement(private_engine: Engine, pg_schema: str) -> None:
     """The claim statement (~10 KB) is longer than psycopg's default 4 KB parsed-query cache
     limit; opening a store raises the limit so that every statement of a claim + settle cycle
     is parsed once, even under a 63-byte schema name."""
@@ -136,7 +134,7 @@ def test_psycopg_keeps_the_parsed_form_of_every_hot_statement(
     def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         statements.append(statement)
 
-    engine = create_engine(postgres_server.url, poolclass=NullPool)  # listened to: not the shared one
+    engine = private_engine  # listened to below: not the shared one
     with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
         assert psycopg_queries.MAX_CACHED_STATEMENT_LENGTH == postgresql.CACHED_STATEMENT_LENGTH
         store.create_job(id="job-1", kind="email", authority=AUTHORITY)
@@ -152,7 +150,6 @@ def test_psycopg_keeps_the_parsed_form_of_every_hot_statement(
             )
         finally:
             event.remove(engine, "before_cursor_execute", seen)
-    engine.dispose()
     longest = max(len(text) + text.count(pg_schema) * (63 - len(pg_schema)) for text in statements)
     assert 4096 < longest <= postgresql.CACHED_STATEMENT_LENGTH
 

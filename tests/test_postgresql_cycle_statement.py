@@ -23,7 +23,7 @@ from backends import PostgresServer, unique_name
 from sqlalchemy import Connection, create_engine, text
 from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, as_among_workers, enqueue, held
-from test_postgresql_window_pick import densely_numbered
+from test_postgresql_window_pick import densely_numbered, one_statement_off
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.contract.constants import MAX_SAFE_INTEGER
@@ -115,8 +115,7 @@ def both_ways(
                 as_among_workers(store)
             run = Run(store, schema, clock, made, seen)
             run.one_statement = one_statement
-            off = patch.object(leases, "cycle_in_one_statement", lambda *_args: None)
-            with counted_cycles(run) if one_statement else off:
+            with counted_cycles(run) if one_statement else one_statement_off():
                 result = scenario(run)
             runs.append((result, len(run.pending), densely_numbered(dump_tables(store))))
         finally:

@@ -16,10 +16,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from backends import PostgresServer
 from psycopg import Connection as DriverConnection
 from psycopg import sql
-from sqlalchemy import Engine, NullPool, create_engine, event
+from sqlalchemy import Engine, event
 from test_postgresql_claims import as_among_workers, enqueue
 from test_postgresql_races import AUTHORITY, T0
 
@@ -36,15 +35,6 @@ CHURN_CYCLES = 200
 WINDOW_ROWS = claim_query.WINDOW + 1 + CONTENDED_EXTRA
 """What one probe of a claim (``1 + CONTENDED_EXTRA`` candidates) may read: its window."""
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
-
-@pytest.fixture
-def listened_engine(postgres_server: PostgresServer) -> Iterator[Engine]:
-    """An engine of this test's own: a listener leaves SQLAlchemy's ``_has_events`` set on its
-    engine for good (the store's fast path is then off on it), so never on the shared one."""
-    engine = create_engine(postgres_server.url, poolclass=NullPool)
-    yield engine
-    engine.dispose()
 
 
 @contextmanager
@@ -127,12 +117,12 @@ def claim(store: SchedulerStore, marker: str) -> Occurrence | None:
 
 @pytest.mark.parametrize("marker", CLAIMS)
 def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(
-    listened_engine: Engine, pg_schema: str, marker: str
+    private_engine: Engine, pg_schema: str, marker: str
 ) -> None:
-    store = open_store(listened_engine, schema=pg_schema, clock=lambda: T0)
+    store = open_store(private_engine, schema=pg_schema, clock=lambda: T0)
     try:
         ids = enqueue(store, DEPTH)
-        with captured_claim(listened_engine, _statement_marker(marker)) as captured:
+        with captured_claim(private_engine, _statement_marker(marker)) as captured:
             claimed = claim(store, marker)
         assert claimed is not None and claimed.id == ids[0]
         (driver, statement, params), *_ = captured
@@ -143,7 +133,7 @@ def test_claim_walks_a_bounded_window_of_an_unanalyzed_queue(
 
 @pytest.mark.parametrize("marker", CLAIMS)
 def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queue(
-    listened_engine: Engine, pg_schema: str, marker: str
+    private_engine: Engine, pg_schema: str, marker: str
 ) -> None:
     """psycopg prepares the claim statement; PostgreSQL's plan cache keeps replanning it (custom
     plans, ~1 ms of server CPU a claim) unless its generic plan costs about what a custom one
@@ -151,12 +141,12 @@ def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queu
     (``claim_query._count``), so the generic plan knows them: as parameters, its estimate assumed
     a tenth of the due rows (cost 132,001 against 639 at 200k queued), which also crossed
     ``jit_above_cost`` (100,000): JIT compilation took 92 ms per claim when that plan ran."""
-    store = open_store(listened_engine, schema=pg_schema, clock=lambda: T0)
+    store = open_store(private_engine, schema=pg_schema, clock=lambda: T0)
     try:
         store.create_job(id="job-1", kind="agenda", authority=AUTHORITY)
-        with listened_engine.begin() as connection:
+        with private_engine.begin() as connection:
             fill_queue(connection, pg_schema, "job-1", DEEP, due_at=T0, prefix="deep")  # and ANALYZE
-        with captured_claim(listened_engine, _statement_marker(marker)) as captured:
+        with captured_claim(private_engine, _statement_marker(marker)) as captured:
             claimed = claim(store, marker)
         assert claimed is not None
         (driver, statement, params), *_ = captured
@@ -170,7 +160,7 @@ def test_the_claims_generic_plan_walks_a_bounded_window_of_an_analyzed_deep_queu
 
 @pytest.mark.parametrize("among_workers", [False, True], ids=["head", "window-of-heads"])
 def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyzed_queue(
-    listened_engine: Engine, pg_schema: str, among_workers: bool
+    private_engine: Engine, pg_schema: str, among_workers: bool
 ) -> None:
     """``settle_and_claim`` on the server clock, once cycles have churned the unanalyzed table (as
     the bench's workers do), quiet and among workers: among workers the first statement reads
@@ -179,7 +169,7 @@ def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyz
     estimating fewer due rows than the window, joined and sorted every due row on every cycle
     (998 rows read here; with 1,200 queued, 1,160–1,210 µs of server CPU per cycle against
     860–940, ``tools/pg_cycle_cpu.py --contended``)."""
-    store = open_store(listened_engine, schema=pg_schema)
+    store = open_store(private_engine, schema=pg_schema)
     try:
         enqueue(store, CHURNED)
         if among_workers:
@@ -187,7 +177,7 @@ def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyz
         held = store.claim_next(owner_id="w", lease_ms=60_000)
         for _ in range(CHURN_CYCLES + 1):
             assert held is not None
-            with captured_claim(listened_engine, "head_queued") as captured:
+            with captured_claim(private_engine, "head_queued") as captured:
                 held = store.settle_and_claim(
                     occurrence_id=held.id,
                     owner_id="w",

@@ -27,6 +27,7 @@ from test_claim_equivalence import FILTERS, LEASE, NOW, OWNER, T0, OccurrenceSpe
 from test_claim_equivalence_postgresql import Pair, among_workers, outcome, paired_stores
 from test_postgresql_claims import as_among_workers, enqueue, held
 from test_postgresql_races import AUTHORITY
+from test_postgresql_window_pick import one_statement_off
 
 from scheduler import SchedulerStore, open_store
 from scheduler.store import claim_query, cycle_statement, leases
@@ -62,38 +63,27 @@ def waiting_occurrence(draw: st.DrawFn, plain: int = 1) -> OccurrenceSpec:
     )
 
 
-dense_states = st.tuples(
-    jobs_strategy,
-    st.lists(
-        waiting_occurrence(),
-        min_size=claim_query.HEAD_WINDOW,
-        max_size=40,
-        unique_by=lambda spec: spec.occurrence_id,
-    ),
-)
-plain_states = st.tuples(
-    jobs_strategy,
-    st.lists(
-        waiting_occurrence(plain=4),
-        min_size=claim_query.HEAD_WINDOW,
-        max_size=40,
-        unique_by=lambda spec: spec.occurrence_id,
-    ),
-)
+def waiting_states(plain: int = 1) -> st.SearchStrategy[Any]:
+    """Jobs and enough :func:`waiting_occurrence` rows for a status to fill the window."""
+    return st.tuples(
+        jobs_strategy,
+        st.lists(
+            waiting_occurrence(plain),
+            min_size=claim_query.HEAD_WINDOW,
+            max_size=40,
+            unique_by=lambda spec: spec.occurrence_id,
+        ),
+    )
+
+
+dense_states = waiting_states()
+plain_states = waiting_states(plain=4)
 held_picks = st.lists(st.integers(0, 39), max_size=25)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer) -> Iterator[Pair]:
     yield from paired_stores(tmp_path_factory, postgres_server)
-
-
-@contextmanager
-def one_statement_off() -> Iterator[None]:
-    """A ``settle_and_claim`` that succeeds is not tried as one statement (``cycle_statement``,
-    which among workers claims from the window too): its first statement reads the window."""
-    with patch.object(leases, "cycle_in_one_statement", lambda *_args: None):
-        yield
 
 
 @contextmanager
@@ -202,8 +192,11 @@ def test_a_success_in_one_statement_past_held_heads_equals_the_full_list(pair: P
     def examples(state: Any, heads_held: int, picks: list[int], server_clock: bool) -> None:
         arguments: dict[str, Any] = {"owner_id": OWNER, "lease_ms": LEASE, "outcome": "succeeded"}
         results = []
-        statement = patch.object(cycle_statement.PendingCycle, "resolve", counted)
-        for way in (lambda: statement, full_list_only):
+
+        def statement() -> Any:
+            return patch.object(cycle_statement.PendingCycle, "resolve", counted)
+
+        for way in (statement, full_list_only):
             made = pair.build(state)
             settled = own_one_running(pair)
             if settled is None:

@@ -75,6 +75,14 @@ def cycle(store: SchedulerStore, held_id: str, fence: int) -> Any:
     )
 
 
+@contextmanager
+def one_statement_off() -> Iterator[None]:
+    """A ``settle_and_claim`` that succeeds is not tried as one statement (``cycle_statement``):
+    it runs the two-statement way, its first statement reading the heads or the window."""
+    with patch.object(leases, "cycle_in_one_statement", lambda *_args: None):
+        yield
+
+
 def both_ways(server: PostgresServer, count: int, scenario: Scenario) -> list[tuple[Any, dict[str, Any]]]:
     """``scenario`` on ``count`` due occurrences, the first claimed by ``w``: with the claim in the
     writes statement, then without; each run's result and tables."""
@@ -87,7 +95,7 @@ def both_ways(server: PostgresServer, count: int, scenario: Scenario) -> list[tu
                 first = store.claim_next(owner_id="w", lease_ms=LEASE)
                 assert first is not None and first.id == made[0]
                 with (
-                    patch.object(leases, "cycle_in_one_statement", lambda *_args: None),
+                    one_statement_off(),
                     nullcontext() if pick else patch.object(leases, "_pick_later", lambda *_args: False),
                 ):
                     result = scenario(Run(store, schema, made, seen, pick))
