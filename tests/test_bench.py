@@ -193,3 +193,26 @@ def test_open_store_is_the_benchmarked_store(tmp_path: Path) -> None:
         synchronous = reopened.connection.exec_driver_sql("PRAGMA synchronous").scalar()
     assert journal == "wal"
     assert synchronous == 2
+
+
+def test_a_run_stopped_with_sigterm_removes_its_databases(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) of a running ``scheduler bench`` exits with 143 after removing its
+    temporary databases."""
+    import signal
+    import time
+
+    env = {**os.environ, "SCHEDULER_BENCH_SCALE": "0.05", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "scheduler.bench", "--quick", "--dir", str(tmp_path)]
+    run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("scheduler-bench-*/*")):
+            assert run.poll() is None and time.monotonic() < deadline, "the run wrote no database"
+            time.sleep(0.02)
+        run.send_signal(signal.SIGTERM)
+        _, errors = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 143, errors[-4000:]
+    assert list(tmp_path.glob("scheduler-bench-*")) == []

@@ -7,6 +7,9 @@ worker processes, so the run takes seconds; the figures themselves mean nothing 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -127,3 +130,64 @@ def test_a_worker_that_fails_fails_the_run_at_once_with_its_error(postgres_serve
         store.close()
         with engine.begin() as connection:
             connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_a_run_stopped_with_sigterm_drops_its_schemas(postgres_server: PostgresServer) -> None:
+    """``kill`` (SIGTERM) of a running ``scheduler bench --backend postgresql``, while its worker
+    processes drain the queue, exits with 143 through the run's cleanup: its schemas are dropped
+    and none of its connections (its own or its workers') is left."""
+    url = postgres_server.url.render_as_string(hide_password=False)
+    command = [sys.executable, "-m", "scheduler.bench", "--backend", "postgresql", "--db", url]
+    run = subprocess.Popen(
+        [*command, "--rounds", "1", "--scale", "0.5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its worker processes join its process group
+    )
+    mine = f"scheduler_bench_{run.pid}"
+    try:
+        deadline = time.monotonic() + 120
+        while _connections(postgres_server, f"bench_worker_{run.pid}_%") == 0:
+            assert run.poll() is None and time.monotonic() < deadline, "no worker process connected"
+            time.sleep(0.05)
+        assert _bench_schemas(postgres_server, mine) == {mine, f"{mine}_floor"}
+        run.send_signal(signal.SIGTERM)
+        _, errors = run.communicate(timeout=60)
+        assert run.returncode == 143, errors
+        assert not _group_alive(run.pid), "a worker process outlived the run"
+    finally:
+        if _group_alive(run.pid, wait_s=0):
+            os.killpg(run.pid, signal.SIGKILL)
+    assert _bench_schemas(postgres_server, mine) == set()
+    assert _connections(postgres_server, f"bench_%_{run.pid}%") == 0
+
+
+def _group_alive(group: int, wait_s: float = 10.0) -> bool:
+    """Whether a process of ``group`` is still running ``wait_s`` seconds on (multiprocessing's
+    resource tracker exits shortly after the run)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+
+
+def _connections(server: PostgresServer, application_name: str) -> int:
+    with server.engine.connect() as connection:
+        count: int = connection.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %(name)s",
+            {"name": application_name},
+        ).scalar_one()
+        return count
+
+
+def _bench_schemas(server: PostgresServer, mine: str) -> set[str]:
+    with server.engine.connect() as connection:
+        rows = connection.exec_driver_sql(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %(prefix)s", {"prefix": mine + "%"}
+        )
+        return {row[0] for row in rows}

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -21,6 +26,26 @@ def command_line(argv: list[str] | None = None) -> str:
     if args and Path(args[0]).name == "__main__.py":
         return shlex.join(["python", "-m", "scheduler.bench", *args[1:]])
     return shlex.join(["scheduler", *args[1:]])
+
+
+@contextmanager
+def terminated_cleanly() -> Iterator[None]:
+    """While the run lasts, ``SIGTERM`` (``kill``, a CI timeout) exits with status 143 through
+    the run's ``finally`` blocks, as Ctrl-C does: its worker processes are stopped and its
+    temporary databases or PostgreSQL schemas dropped (``--keep`` aside). Only ``SIGKILL``
+    leaves them behind (``scheduler_bench_<pid>`` schemas; see docs/benchmarks.md)."""
+
+    def terminate(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a signal handler
+        return
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_depths(text: str | None) -> tuple[int, ...] | None:
@@ -96,7 +121,7 @@ def bench_command(
         quick=quick, scale=scale, depths=parse_depths(depths), workers=workers, profile=profile
     )
     console = Console(stderr=True)
-    with rich_progress(console) as progress:
+    with terminated_cleanly(), rich_progress(console) as progress:
         result = run_benchmarks(config, progress, command=command_line(), directory=directory, keep=keep)
     render(result, Console())
     if result.profile is not None:
@@ -137,7 +162,8 @@ def _postgresql(
     if depths is not None:
         config = PgBenchConfig(url=url, rounds=rounds, scale=config.scale, depths=depths)
     console = Console(stderr=True)
-    result = run_pg_bench(config, progress=console.print, command=command_line())
+    with terminated_cleanly():
+        result = run_pg_bench(config, progress=console.print, command=command_line())
     text = markdown(result)
     Console().print(text, markup=False, highlight=False)
     if json_file is not None:
