@@ -6,6 +6,8 @@ With its default settings it then reads every due row (a bitmap scan) and sorts 
 window probe of the claim statement. The statement the store ran is captured and EXPLAINed
 (ANALYZE) on the store's own connection with the same parameters, as a custom and as a generic
 plan (psycopg prepares a statement after five executions): no node may read more than the window.
+The cycle in one statement (``cycle_statement``) runs only on an engine without listeners, so its
+statement is recorded by the driver's cursor and sent again by hand (rolled back) to be EXPLAINed.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from backends import PostgresServer
 from psycopg import Connection as DriverConnection
 from psycopg import sql
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, create_engine, event
+from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import as_among_workers, enqueue
 from test_postgresql_races import AUTHORITY, T0
 
@@ -82,15 +86,15 @@ def executed_plans(
     return plans
 
 
-def assert_reads_within_window(plans: list[dict[str, Any]]) -> None:
-    """No node of any plan reads more ``occurrences`` rows than one probe's window."""
+def assert_reads_within_window(plans: list[dict[str, Any]], window: int = WINDOW_ROWS) -> None:
+    """No node of any plan reads more ``occurrences`` rows than one probe's ``window``."""
     for plan in plans:
         reads = {
             node.get("Alias"): node["Actual Rows"] * node["Actual Loops"]
             for node in plan_nodes(plan)
             if node.get("Relation Name") == "occurrences"
         }
-        assert reads and max(reads.values()) <= WINDOW_ROWS, reads
+        assert reads and max(reads.values()) <= window, reads
 
 
 CLAIMS = [
@@ -189,3 +193,83 @@ def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyz
         assert_reads_within_window(executed_plans(driver, statement, params))
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("among_workers", [False, True], ids=["head", "window-of-heads"])
+def test_the_cycle_in_one_statement_walks_a_bounded_window_of_a_churned_unanalyzed_queue(
+    postgres_server: PostgresServer, pg_schema: str, among_workers: bool
+) -> None:
+    """The same churn through the one-statement cycle (``cycle_statement``), which the test
+    above cannot see (an engine with a listener has no fast path): the statements are recorded
+    by the driver's cursor instead. The next cycle's round trip is then sent again by hand on the
+    store's connection, with its statement EXPLAINed (ANALYZE, custom and generic plan) and
+    rolled back: it settles one row and claims one, reading no more rows of ``occurrences`` in
+    any node than the window of heads (``HEAD_WINDOW``; the head probe reads one per arm)."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(postgres_server.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    store = open_store(engine, schema=pg_schema)
+    try:
+        enqueue(store, CHURNED)
+        if among_workers:
+            as_among_workers(store)
+        settled = held = store.claim_next(owner_id="w", lease_ms=60_000)
+        for _ in range(CHURN_CYCLES):
+            assert held is not None
+            seen.clear()
+            cycle = store.settle_and_claim(
+                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000
+            )
+            settled, held = held, cycle.claimed
+        assert held is not None and settled is not None and held.fence == settled.fence == 1
+        (sent, _), *_ = seen
+        begin, lead, statement, commit = sent.split("; ")
+        assert begin.startswith("BEGIN") and commit == "COMMIT", sent
+        assert ("arm_rank" in _named_statement(store, statement)) is among_workers
+        plans = _explained_cycle(store, lead, statement, settled.id, held.id)
+        for plan in plans:
+            updated = [node for node in plan_nodes(plan) if node.get("Operation") == "Update"]
+            assert [node["Actual Rows"] for node in updated] == [1, 1]  # settled one, claimed one
+        assert_reads_within_window(plans, claim_query.HEAD_WINDOW)  # the window of heads at most
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def _driver(store: SchedulerStore) -> DriverConnection[Any]:
+    """The psycopg connection of the store's own connection."""
+    driver: DriverConnection[Any] | None = store.connection.connection.driver_connection
+    assert driver is not None
+    return driver
+
+
+def _named_statement(store: SchedulerStore, execute: str) -> str:
+    """The SQL of the statement ``execute`` (``EXECUTE scheduler_<n>(…)``) runs."""
+    name = execute.split("EXECUTE ", 1)[1].split("(", 1)[0]
+    driver = _driver(store)
+    row = driver.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name = %(name)s", {"name": name}
+    ).fetchone()
+    driver.rollback()
+    assert row is not None, name
+    return str(row[0])
+
+
+def _explained_cycle(
+    store: SchedulerStore, lead: str, cycle: str, settled_id: str, held_id: str
+) -> list[dict[str, Any]]:
+    """The recorded cycle's lead and statement with the occurrence it settled replaced by the one
+    now held (every value else is the same: the owner, fence 1, the lease, the server clock):
+    ``EXPLAIN (ANALYZE)`` of the statement, as a custom and as a generic plan, each rolled back."""
+    driver = _driver(store)
+    lead, cycle = (part.replace(f"'{settled_id}'", f"'{held_id}'") for part in (lead, cycle))
+    plans = []
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        try:
+            driver.execute(lead, prepare=False)
+            driver.execute(f"SET LOCAL plan_cache_mode = {mode}", prepare=False)
+            explained = driver.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {cycle}", prepare=False).fetchone()
+            assert explained is not None
+            plans.append(explained[0][0]["Plan"])
+        finally:
+            driver.rollback()
+    return plans
