@@ -26,7 +26,7 @@ from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, as_among_workers, enqueue, held
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store import claim_query, leases, tx, window_pick
+from scheduler.store import claim_query, claim_writes, leases, tx, window_pick
 from scheduler.store.telemetry import EVENTS_LOGGER
 from scheduler.testing import dump_tables
 
@@ -263,7 +263,7 @@ def test_the_writes_statement_is_built_after_the_shared_claim_statement_was_used
     used the shared claim ``UPDATE`` (whose column collections SQLAlchemy then memoizes; a
     statement copied from it with a ``RETURNING`` lacked those columns: ``AttributeError:
     job_id``, seen with 8 workers). It is built from a new copy of that statement."""
-    assert leases._CLAIM_GUARDED.statement.exported_columns is not None  # memoized, as by a use
+    assert claim_writes.CLAIM_GUARDED.statement.exported_columns is not None  # memoized, as by a use
     window_pick._statement.cache_clear()
 
     def scenario(run: Run) -> Any:

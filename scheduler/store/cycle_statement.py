@@ -193,7 +193,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
 
 
 def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any:
-    """The claim ``UPDATE`` (a fresh copy of ``leases._CLAIM_GUARDED``'s statement) of the head
+    """The claim ``UPDATE`` (a fresh copy of ``claim_writes.CLAIM_GUARDED``'s statement) of the head
     ``locked``, at its version as probed, with what ``Claims.prepare`` writes for a plain row."""
     values = {
         "p_id": locked.c.occurrence_id,

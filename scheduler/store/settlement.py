@@ -129,7 +129,7 @@ def _settle_update(*, guarded: bool) -> Any:
 def guarded_settle_update() -> Any:
     """A fresh copy of ``_SETTLE_GUARDED``'s statement, for ``cycle_statement`` to build on (a copy
     of a shared statement, once compiled, keeps its memoized column collections: see
-    ``leases._guarded_claim_update``)."""
+    ``claim_writes.guarded_claim_update``)."""
     return _settle_update(guarded=True)
 
 
