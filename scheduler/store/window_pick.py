@@ -169,8 +169,8 @@ class PendingPick:
         statement would not write exactly what ``Claims.claim`` would.
 
         ``claim``: makes the claim ``UPDATE`` of a plain row claimed as read (a new copy of
-        ``claim_writes.CLAIM_GUARDED``'s statement); ``prepare(row, record)``: ``Claims.prepare`` of a candidate
-        (its ``UPDATE`` parameters, event and, with ``record``, its claimed record);
+        ``claim_writes.CLAIM_GUARDED``'s statement); ``prepare(row, record)``: ``Claims.prepare``
+        of a candidate (its ``UPDATE`` parameters, event and, with ``record``, its claimed record);
         ``may_be_empty``: the window held every due row, so no free candidate means nothing to
         claim; ``done``: told the position of the candidate claimed (``None``: none) once the
         statement ran. Every candidate must be a plain waiting row whose claim adds one to its
