@@ -132,6 +132,35 @@ def test_a_worker_that_fails_fails_the_run_at_once_with_its_error(postgres_serve
             connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
 
 
+def test_each_worker_run_starts_on_a_vacuumed_analyzed_queue(postgres_server: PostgresServer) -> None:
+    """Before its workers are released, a run ``VACUUM (ANALYZE)``s ``occurrences`` (as autovacuum
+    would; the test server runs without it), so no run reads the dead entries of the runs before."""
+    from scheduler import open_store
+
+    engine = postgres_server.engine
+    url = postgres_server.url.render_as_string(hide_password=False)
+    schema = f"bench_vacuumed_{os.getpid()}"
+    store = open_store(engine, schema=schema)
+    try:
+        store.create_job(
+            id=BENCH_JOB_ID, kind="bench", authority={"principal": {"type": "service", "id": "b"}}
+        )
+        run = run_workers(url, schema, engine, store, 1, 10, "vacuumed")
+        assert run.settled_exactly_once == 10
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+            counts = connection.exec_driver_sql(
+                "SELECT vacuum_count, analyze_count FROM pg_stat_user_tables "
+                "WHERE schemaname = %(schema)s AND relname = 'occurrences'",
+                {"schema": schema},
+            ).one()
+        assert tuple(counts) == (1, 1)
+    finally:
+        store.close()
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 def test_a_run_stopped_with_sigterm_drops_its_schemas(postgres_server: PostgresServer) -> None:
     """``kill`` (SIGTERM) of a running ``scheduler bench --backend postgresql``, while its worker
     processes drain the queue, exits with 143 through the run's cleanup: its schemas are dropped

@@ -6,7 +6,9 @@ The parent starts ``N`` spawned processes (each opens its own store and connecti
 round, until each ran that many cycles (not counted). A worker's first calls compile and prepare
 the store's statements (milliseconds each), a cost a long-running worker pays once, which would
 otherwise weigh N times as much per measured cycle in a run of N workers. Then the parent
-enqueues the run's occurrences, reads the server backends' CPU time, releases the workers
+enqueues the run's occurrences, runs ``VACUUM (ANALYZE)`` on ``occurrences`` as autovacuum would
+(without it, a server without autovacuum has each run read the dead index entries of every run
+before it, at the same keys), reads the server backends' CPU time, releases the workers
 together and waits until each found the queue empty. Each worker runs ``settle_and_claim``
 cycles (one commit per cycle). Then the parent reads the backends' CPU time again (the workers
 stay connected until it has) and proves from the tables that every occurrence of the run was
@@ -191,6 +193,7 @@ def run_workers(
         _answers(ready, workers)  # every store open
         warmed_least = _warm_up(store, ready, inboxes, run, base)
         _enqueue(store, prefix, occurrences, base)
+        vacuumed(engine, schema)
         pids = backend_pids(engine, tag)
         server_before = backend_cpu_s(pids)
         started = time.perf_counter()
@@ -226,6 +229,12 @@ def run_workers(
         claimed_once=claimed,
         warmed_least=warmed_least,
     )
+
+
+def vacuumed(engine: Engine, schema: str) -> None:
+    """``VACUUM (ANALYZE)`` of the bench schema's ``occurrences``, as autovacuum would."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.exec_driver_sql(f"VACUUM (ANALYZE) {quoted(engine, schema)}.occurrences")
 
 
 def exactly_once(engine: Engine, schema: str, prefix: str, expected: int) -> tuple[int, int]:
