@@ -29,8 +29,9 @@ from scheduler import (
 )
 from scheduler.contract.canonical import canonical_json
 from scheduler.schema import tables as t
-from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.fastpath import FastPath
 from scheduler.store.occurrence_rows import event_data_json
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 T0 = 1767225600000

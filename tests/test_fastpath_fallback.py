@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, select, tuple_
 
 from scheduler import SchedulerStore, open_store
 from scheduler.schema import tables as t
-from scheduler.store import fastpath
+from scheduler.store import fastpath, statement_plans
 
 T0 = 1767225600000
 AUTHORITY = {"principal": {"type": "user", "id": "u"}}
@@ -82,10 +82,11 @@ def altered(monkeypatch: pytest.MonkeyPatch, change: Callable[[pytest.MonkeyPatc
     "change",
     [
         pytest.param(
-            lambda mp: mp.setattr(fastpath, "_unsupported", renamed_internal), id="compiler-attr-renamed"
+            lambda mp: mp.setattr(statement_plans, "_unsupported", renamed_internal),
+            id="compiler-attr-renamed",
         ),
         pytest.param(
-            lambda mp: mp.setattr(fastpath, "_placeholders_match", lambda *_args: False),
+            lambda mp: mp.setattr(statement_plans, "placeholders_match", lambda *_args: False),
             id="bind-order-changed",
         ),
     ],
@@ -110,7 +111,7 @@ def test_a_missing_connection_internal_turns_the_fast_path_off(
 
 
 def test_the_placeholder_guard_counts_each_positional_bind() -> None:
-    match = fastpath._placeholders_match
+    match = statement_plans.placeholders_match
     assert match("SELECT ? , ? WHERE x IN (__[POSTCOMPILE_ids])", ["a", "b", "ids"], True)
     assert not match("SELECT ?, ?", ["a"], True)
     assert not match("SELECT :a", ["a"], True)
@@ -119,7 +120,7 @@ def test_the_placeholder_guard_counts_each_positional_bind() -> None:
 def test_the_placeholder_guard_matches_each_named_bind() -> None:
     """psycopg's ``%(name)s``: exactly the named binds (a name may repeat); a stray ``%`` or a
     placeholder of another style means the compiled form is not what the fast path expects."""
-    match = fastpath._placeholders_match
+    match = statement_plans.placeholders_match
     assert match("SELECT %(a)s, %(a)s WHERE x IN (__[POSTCOMPILE_ids]) AND y LIKE 'z%%'", ["a", "ids"], False)
     assert not match("SELECT %(a)s", ["a", "b"], False)
     assert not match("SELECT %(a)s, %(b)s", ["a"], False)
@@ -127,13 +128,13 @@ def test_the_placeholder_guard_matches_each_named_bind() -> None:
     assert not match("SELECT :a", ["a"], False)
 
 
-OCCURRENCES_BY_ID = fastpath.Prepared(
+OCCURRENCES_BY_ID = statement_plans.Prepared(
     select(t.occurrences.c.occurrence_id, t.occurrences.c.fence).where(
         t.occurrences.c.occurrence_id.in_(bindparam("p_ids", expanding=True)),
         t.occurrences.c.status != "succeeded",
     )
 )
-OCCURRENCES_BY_KEY = fastpath.Prepared(
+OCCURRENCES_BY_KEY = statement_plans.Prepared(
     select(t.occurrences.c.occurrence_id).where(
         tuple_(t.occurrences.c.occurrence_id, t.occurrences.c.fence, t.occurrences.c.status).in_(
             bindparam("p_keys", expanding=True)
@@ -159,7 +160,7 @@ def test_an_expanding_statement_binds_what_sqlalchemy_binds_for_each_length(
 
     dialect = sqlite.dialect() if dialect_name == "sqlite" else postgresql.psycopg.dialect()  # type: ignore[attr-defined]
     statement = OCCURRENCES_BY_KEY if name == "p_keys" else OCCURRENCES_BY_ID
-    plan = fastpath._compile(statement, dialect, None, False)
+    plan = statement_plans.compile_plan(statement, dialect, None, False)
     assert plan is not None and plan.compiled is not None
     for round_ in range(2):
         parameters = {name: [*values]} if round_ == 0 else {name: list(reversed(values))}
@@ -177,9 +178,9 @@ def test_an_expansion_named_otherwise_is_never_reused(monkeypatch: pytest.Monkey
     from sqlalchemy.dialects import sqlite
 
     monkeypatch.setattr(
-        fastpath, "_expand", lambda values, expanding: {f"other_{i}": v for i, v in enumerate(values)}
+        statement_plans, "_expand", lambda values, expanding: {f"other_{i}": v for i, v in enumerate(values)}
     )
-    plan = fastpath._compile(OCCURRENCES_BY_ID, sqlite.dialect(), None, False)
+    plan = statement_plans.compile_plan(OCCURRENCES_BY_ID, sqlite.dialect(), None, False)
     assert plan is not None
     for _ in range(2):
         assert plan.bind({"p_ids": ["x", "y"]})[1] == ("x", "y", "succeeded")
@@ -194,11 +195,11 @@ def test_a_limit_rendered_into_the_sql_gets_one_statement_per_value(dialect_name
     from sqlalchemy.dialects import postgresql, sqlite
 
     limit = bindparam("n", type_=Integer(), literal_execute=True)
-    statement = fastpath.Prepared(
+    statement = statement_plans.Prepared(
         select(t.occurrences.c.occurrence_id).where(t.occurrences.c.job_id == bindparam("job")).limit(limit)
     )
     dialect = sqlite.dialect() if dialect_name == "sqlite" else postgresql.psycopg.dialect()  # type: ignore[attr-defined]
-    plan = fastpath._compile(statement, dialect, None, False)
+    plan = statement_plans.compile_plan(statement, dialect, None, False)
     assert plan is not None and plan.compiled is not None and plan.literal == ("n",)
     for n in (3, 7, 3):
         state = plan.compiled.construct_expanded_state({"job": "a", "n": n})

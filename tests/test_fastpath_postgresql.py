@@ -18,8 +18,9 @@ from sqlalchemy.engine import URL
 from test_fastpath import AUTHORITY, T0, Clock, workload
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
-from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.fastpath import FastPath
 from scheduler.store.records import Occurrence
+from scheduler.store.statement_plans import Prepared
 from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql
@@ -196,9 +197,9 @@ def test_every_pg_hot_statement_compiles_for_the_fast_path(
     """No hot statement silently falls back to SQLAlchemy's execution on psycopg (a fallback
     costs ~60–100 µs of client CPU per statement)."""
     rejected: list[str] = []
-    from scheduler.store import fastpath
+    from scheduler.store import statement_plans
 
-    original = fastpath._compile
+    original = statement_plans.compile_plan
 
     def compile_and_note(prepared: Any, *args: Any, **kwargs: Any) -> Any:
         plan = original(prepared, *args, **kwargs)
@@ -210,7 +211,7 @@ def test_every_pg_hot_statement_compiles_for_the_fast_path(
     store = open_store(postgres_server.engine, schema=pg_schema, clock=clock, uuid_factory=clock.uuid)
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(fastpath, "_compile", compile_and_note)
+            patch.setattr(statement_plans, "compile_plan", compile_and_note)
             workload(store, clock)
     finally:
         store.close()

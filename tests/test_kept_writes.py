@@ -24,8 +24,8 @@ from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_e
 
 from scheduler import open_store
 from scheduler.store import claim_locks, claim_query, leases, settlement
-from scheduler.store.fastpath import Prepared
 from scheduler.store.session import OwnedRunner
+from scheduler.store.statement_plans import Prepared
 
 CAPABILITY = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint", "before_execute"]}
 

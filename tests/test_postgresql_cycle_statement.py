@@ -28,8 +28,8 @@ from test_postgresql_window_pick import densely_numbered, one_statement_off
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.contract.constants import MAX_SAFE_INTEGER
 from scheduler.store import cycle_statement, leases
-from scheduler.store.fastpath import Prepared
 from scheduler.store.session import OwnedRunner
+from scheduler.store.statement_plans import Prepared
 from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql

@@ -24,7 +24,7 @@ from test_postgresql_cycle_statement import T0, Run, both_ways, cycle, wait_even
 
 from scheduler import open_store
 from scheduler.store import claim_query, cycle_statement
-from scheduler.store.fastpath import Prepared
+from scheduler.store.statement_plans import Prepared
 
 pytestmark = pytest.mark.postgresql
 ERROR = {"code": "E_BROKEN", "message": "broken"}

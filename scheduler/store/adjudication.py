@@ -2,7 +2,7 @@
 
 Seed 000: ``_adjudicationCase``, ``getAdjudicationCase``, ``listAdjudicationCases``,
 ``getOccurrenceAdjudication``, ``adjudicateOccurrence``. The pending → applied transition on the
-next settlement (or expired-final sweep) lives in ``leases.py``.
+next settlement (``settlement.py``) or expired-final sweep (``claim_writes.py``) lives there.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from scheduler.store.authority import (
 )
 from scheduler.store.base import StoreBase
 from scheduler.store.dead_letters import newest_dead_letters
-from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import (
     Adjudication,
@@ -50,6 +49,7 @@ from scheduler.store.records import (
     ReservationSummary,
 )
 from scheduler.store.rows import read_stored_authority, read_stored_json
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 OUTCOME_UNKNOWN_CODE: Final = re.compile(r"[A-Z0-9_]+_OUTCOME_UNKNOWN")

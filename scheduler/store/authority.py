@@ -2,7 +2,7 @@
 
 Seed 002: ``setAuthorityPolicy``, ``getAuthorityPolicy``, ``ensureAuthorityPolicy``,
 ``getAuthorityReservation``, ``reserveAuthority``. Settlement of reservations happens in
-``settle`` and in the expired-lease sweep (``leases.py``).
+``settle`` and in the expired-lease sweep (``claim_writes.py``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from scheduler.contract.storable import (
 )
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
-from scheduler.store.fastpath import Prepared
 from scheduler.store.jobs import not_found
 from scheduler.store.records import AuthorityPolicy, AuthorityReservation, Occurrence
 from scheduler.store.rows import data_corrupt, map_occurrence, read_stored_json
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 POLICY_CONFLICT = "SCHEDULER_AUTHORITY_POLICY_CONFLICT"

@@ -55,7 +55,7 @@ from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.claim_plan import claimable, plain, sort_key, sweepable
 from scheduler.store.claim_query import LOCKED_PREFIX, LOCKED_ROWS
-from scheduler.store.fastpath import Prepared, StoredRow
+from scheduler.store.statement_plans import Prepared, StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
 
 _o = t.occurrences

@@ -35,7 +35,7 @@ from scheduler.store.claim_query import (
     head_probe_prepared,
     within_budget,
 )
-from scheduler.store.fastpath import StoredRow
+from scheduler.store.statement_plans import StoredRow
 from scheduler.store.tx import Tx
 
 DUE_STREAMS: Final = (ARM_QUEUED, ARM_RETRY_WAIT)

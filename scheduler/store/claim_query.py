@@ -59,7 +59,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.dialect import correlated_exists, json_text_field
-from scheduler.store.fastpath import Prepared
+from scheduler.store.statement_plans import Prepared
 
 SWEEP_LIMIT: Final = 100
 # The three bounds are bound parameters read when a claim runs (tests shrink them to exercise

@@ -20,10 +20,10 @@ from scheduler.store.claim_locks import LockedAsProbed
 from scheduler.store.claim_plan import keeps_attempt
 from scheduler.store.claim_query import PAUSE_REQUESTED, PLAIN_CLAIM_GUARD, RESUMED
 from scheduler.store.dialect import greatest
-from scheduler.store.fastpath import Prepared, StoredRow
 from scheduler.store.occurrence_rows import EventLog, occurrence_record
 from scheduler.store.records import Occurrence
 from scheduler.store.settlement import APPLY_ADJUDICATION, SETTLE_RESERVATION
+from scheduler.store.statement_plans import Prepared, StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
 
 LEASE_EXPIRED_ERROR: Final = {

@@ -73,8 +73,8 @@ from scheduler.store.claim_query import (
     head_probe_params,
 )
 from scheduler.store.dialect import micros_since, row_version, server_clock_ms, server_instant
-from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.settlement import CURRENT_ROWS
+from scheduler.store.statement_plans import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
 
 SETTLED_PREFIX: Final = "settled_"

@@ -91,11 +91,11 @@ from scheduler.store.claim_query import (
     replace_binds,
 )
 from scheduler.store.cycle_read import MAX_WAIT_US, settled_lock
-from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Occurrence, SettledAndClaimed
 from scheduler.store.restart import RestartTransaction, WholeCycleMissed
 from scheduler.store.settlement import SettleRequest, guarded_settle_update
+from scheduler.store.statement_plans import STATEMENTS_LOCK, Prepared
 from scheduler.store.telemetry import records_event
 from scheduler.store.tx import Tx
 from scheduler.store.window_pick import CLAIMED, claim_data_json, claim_data_sql, version_sql

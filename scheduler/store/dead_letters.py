@@ -27,7 +27,7 @@ from sqlalchemy import and_, bindparam, exists, func, literal_column, select
 from scheduler.contract.constants import DEAD_LETTER
 from scheduler.schema import tables as t
 from scheduler.store.dialect import glob_match, json_text_field
-from scheduler.store.fastpath import Prepared, StoredRow
+from scheduler.store.statement_plans import Prepared, StoredRow
 from scheduler.store.tx import Tx
 
 EVENT_SCAN_BUDGET = 10_000

@@ -12,10 +12,10 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dead_letters import newest_dead_letters
-from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Event, Occurrence
 from scheduler.store.rows import map_event
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 

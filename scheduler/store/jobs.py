@@ -19,9 +19,9 @@ from scheduler.contract.storable import normalize_key, normalize_stored_authorit
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
-from scheduler.store.fastpath import Prepared
 from scheduler.store.records import Job
 from scheduler.store.rows import map_job
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 _OMITTED: Any = MISSING

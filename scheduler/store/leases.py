@@ -39,7 +39,6 @@ from scheduler.store.claim_query import (
 from scheduler.store.claim_writes import RENEW, Claims, guarded_claim_update, lease_expiry, sweep_expired
 from scheduler.store.cycle_read import read_cycle
 from scheduler.store.cycle_statement import cycle_in_one_statement
-from scheduler.store.fastpath import StoredRow
 from scheduler.store.jobs import not_found
 from scheduler.store.occurrence_rows import EventLog, occurrence_record, validate_batch
 from scheduler.store.records import Occurrence, SettledAndClaimed
@@ -51,6 +50,7 @@ from scheduler.store.settlement import (
     settle_in,
     settle_many_in,
 )
+from scheduler.store.statement_plans import StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
 from scheduler.store.window_pick import PendingPick
 

@@ -17,7 +17,6 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import insert_ignoring_conflict
-from scheduler.store.fastpath import Prepared
 from scheduler.store.jobs import lock_job_row, not_found
 from scheduler.store.occurrence_rows import (
     EventLog,
@@ -29,6 +28,7 @@ from scheduler.store.occurrence_rows import (
 )
 from scheduler.store.records import Occurrence
 from scheduler.store.rows import data_corrupt, map_job
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 OMITTED: Final[Any] = MISSING  # payload not given: the job's payload is used

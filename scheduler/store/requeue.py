@@ -1,7 +1,7 @@
 """Dead-letter requeue with evidence compare-and-set (schema v6; seed 000: requeueDeadLetter).
 
 The request row (``scheduler_occurrence_retries``) lets the next claim at the same fence run
-without consuming an attempt; that claim bookkeeping lives in ``leases.py``.
+without consuming an attempt; that claim bookkeeping lives in ``claim_writes.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Seed 000: ``getOccurrenceControl``, ``listRuntimeControlOccurrences``, ``requestOccurrencePause``,
 ``ackOccurrencePause``, ``resumeOccurrence`` (``requeueDeadLetter`` is in ``requeue.py``). How a
-control reacts to claims, settlements and the expired-lease sweep lives in ``leases.py``.
+control reacts to claims and the expired-lease sweep lives in ``claim_writes.py``, to
+settlements in ``settlement.py``.
 """
 
 from __future__ import annotations

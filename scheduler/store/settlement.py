@@ -19,7 +19,6 @@ from scheduler.contract.scalars import (
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.dialect import server_clock_ms
-from scheduler.store.fastpath import Prepared
 from scheduler.store.occurrence_rows import (
     EventLog,
     chunks,
@@ -28,6 +27,7 @@ from scheduler.store.occurrence_rows import (
     with_index,
 )
 from scheduler.store.records import Occurrence
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.telemetry import log_lease_lost
 from scheduler.store.tx import RestartTransaction, Tx
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy import bindparam, select
 
 from scheduler.schema import tables as t
-from scheduler.store.fastpath import Prepared
+from scheduler.store.statement_plans import Prepared
 
 if TYPE_CHECKING:
     from scheduler.store.records import Occurrence

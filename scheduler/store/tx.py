@@ -20,10 +20,11 @@ from scheduler.contract.canonical import canonical_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import tables as t
-from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.fastpath import FastPath
 from scheduler.store.restart import RestartTransaction as RestartTransaction  # re-exported
 from scheduler.store.restart import WholeCycleMissed as WholeCycleMissed  # re-exported
 from scheduler.store.server_statements import counts_differed
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.write_batch import (
     MULTI_ROW_EVENTS,
     combined,
@@ -97,8 +98,8 @@ class KeptWrite:
 class Tx:
     """One transaction as seen by an operation: the connection, ``now`` and small helpers.
 
-    ``all``/``first``/``changes`` run a :class:`~scheduler.store.fastpath.Prepared` hot statement
-    through the compile-once fast path when it is usable, else like ``execute``. Every statement
+    ``all``/``first``/``changes`` run a :class:`~scheduler.store.statement_plans.Prepared` hot
+    statement through the compile-once fast path when it is usable, else like ``execute``. Every statement
     reaches the scheduler's tables through the store's schema (``options`` carries its
     ``schema_translate_map`` per statement, so a caller's connection is never altered).
     """

@@ -71,10 +71,10 @@ from scheduler.contract.constants import QUEUED, RETRY_WAIT
 from scheduler.schema import tables as t
 from scheduler.store.claim_plan import plain
 from scheduler.store.claim_query import replace_binds
-from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.occurrence_rows import event_data_json
 from scheduler.store.records import Occurrence
 from scheduler.store.restart import RestartTransaction
+from scheduler.store.statement_plans import STATEMENTS_LOCK, Prepared, StoredRow
 from scheduler.store.telemetry import records_event
 from scheduler.store.write_batch import (
     EVENT_COLUMNS,

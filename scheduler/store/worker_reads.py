@@ -21,7 +21,6 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import json_text_field
-from scheduler.store.fastpath import Prepared
 from scheduler.store.records import Job, OccurrenceControl, Record, RuntimeControlOccurrence
 from scheduler.store.rows import map_job
 from scheduler.store.runtime_reads import (
@@ -30,6 +29,7 @@ from scheduler.store.runtime_reads import (
     normalize_runtime_control_enumeration,
     normalize_runtime_control_limit,
 )
+from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 PERIODIC_TRIGGER_TYPES: Final = ("cron", "interval", "once")

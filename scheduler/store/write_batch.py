@@ -33,8 +33,8 @@ from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.schema import tables as t
-from scheduler.store.fastpath import STATEMENTS_LOCK, Prepared
 from scheduler.store.server_statements import KEPT_WRITES_CHANGED
+from scheduler.store.statement_plans import STATEMENTS_LOCK, Prepared
 
 EVENT_COLUMNS: Final = (
     "job_id",

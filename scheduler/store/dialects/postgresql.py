@@ -28,8 +28,9 @@ from scheduler.store.dialect import (
     server_clock_ms,
     server_instant,
 )
-from scheduler.store.fastpath import FastPath, Prepared
+from scheduler.store.fastpath import FastPath
 from scheduler.store.server_statements import STATEMENT_GONE
+from scheduler.store.statement_plans import Prepared
 
 NAME: Final = "postgresql"
 CONCURRENT_WRITERS: Final = True
