@@ -11,15 +11,19 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from backends import PostgresServer
+from process_support import group_alive
 from typer.testing import CliRunner
 
 from scheduler.bench.context import BENCH_JOB_ID
 from scheduler.bench.pg_bench import PgBenchConfig, markdown, run_pg_bench
 from scheduler.bench.pg_workers import WARM_UP_CYCLES, run_workers
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -169,54 +173,47 @@ def test_a_run_stopped_with_sigterm_drops_its_schemas(postgres_server: PostgresS
     command = [sys.executable, "-m", "scheduler.bench", "--backend", "postgresql", "--db", url]
     run = subprocess.Popen(
         [*command, "--rounds", "1", "--scale", "0.5"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its worker processes join its process group
     )
-    mine = f"scheduler_bench_{run.pid}"
+    mine = {f"scheduler_bench_{run.pid}", f"scheduler_bench_{run.pid}_floor"}
+    its_connections = f"^bench_(single|worker)_{run.pid}(_|$)"
     try:
         deadline = time.monotonic() + 120
-        while _connections(postgres_server, f"bench_worker_{run.pid}_%") == 0:
+        while _connections(postgres_server, f"^bench_worker_{run.pid}_") == 0:
             assert run.poll() is None and time.monotonic() < deadline, "no worker process connected"
             time.sleep(0.05)
-        assert _bench_schemas(postgres_server, mine) == {mine, f"{mine}_floor"}
+        assert _bench_schemas(postgres_server, mine) == mine
         run.send_signal(signal.SIGTERM)
         _, errors = run.communicate(timeout=60)
         assert run.returncode == 143, errors
-        assert not _group_alive(run.pid), "a worker process outlived the run"
+        assert not group_alive(run.pid), "a worker process outlived the run"
     finally:
-        if _group_alive(run.pid, wait_s=0):
+        if group_alive(run.pid, wait_s=0):
             os.killpg(run.pid, signal.SIGKILL)
     assert _bench_schemas(postgres_server, mine) == set()
-    assert _connections(postgres_server, f"bench_%_{run.pid}%") == 0
-
-
-def _group_alive(group: int, wait_s: float = 10.0) -> bool:
-    """Whether a process of ``group`` is still running ``wait_s`` seconds on (multiprocessing's
-    resource tracker exits shortly after the run)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            return False
-        if time.monotonic() > deadline:
-            return True
+    deadline = time.monotonic() + 10  # a backend exits just after its client has gone
+    while _connections(postgres_server, its_connections) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert _connections(postgres_server, its_connections) == 0
 
 
 def _connections(server: PostgresServer, application_name: str) -> int:
+    """Connections whose ``application_name`` matches the regular expression."""
     with server.engine.connect() as connection:
         count: int = connection.exec_driver_sql(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %(name)s",
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name ~ %(name)s",
             {"name": application_name},
         ).scalar_one()
         return count
 
 
-def _bench_schemas(server: PostgresServer, mine: str) -> set[str]:
+def _bench_schemas(server: PostgresServer, names: set[str]) -> set[str]:
     with server.engine.connect() as connection:
         rows = connection.exec_driver_sql(
-            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %(prefix)s", {"prefix": mine + "%"}
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%(names)s)", {"names": sorted(names)}
         )
         return {row[0] for row in rows}

@@ -261,6 +261,7 @@ def _explained_cycle(
     now held (every value else is the same: the owner, fence 1, the lease, the server clock):
     ``EXPLAIN (ANALYZE)`` of the statement, as a custom and as a generic plan, each rolled back."""
     driver = _driver(store)
+    assert not driver.autocommit  # the statements below run in a transaction rolled back
     lead, cycle = (part.replace(f"'{settled_id}'", f"'{held_id}'") for part in (lead, cycle))
     plans = []
     for mode in ("force_custom_plan", "force_generic_plan"):

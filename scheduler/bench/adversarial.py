@@ -23,7 +23,7 @@ from scheduler.bench.context import BENCH_AUTHORITY, LEASE_MS, BenchConfig, Cont
 from scheduler.bench.depth import DepthBuilder, depth_job
 from scheduler.bench.model import GROUP_ADVERSARIAL, Spec
 from scheduler.bench.stores import PAST_MS, open_bench_store, wall_ms
-from scheduler.bench.timing import Record, median_ms, percentile_ms
+from scheduler.bench.timing import Record, median_ms, percentile_ms, stop_processes
 
 OWNER: Final = "bench-adversarial"
 WARMUP: Final = 5
@@ -269,16 +269,21 @@ def measure_fleet_workers(ctx: Context) -> tuple[int, int]:
     start, results = spawn.Event(), spawn.Queue()
     seconds = FLEET_SECONDS if ctx.config.budget_s is None else min(FLEET_SECONDS, ctx.config.budget_s)
     processes = [
-        spawn.Process(target=_fleet_worker, args=(str(path), f"fresh-{i}", seconds, start, results))
+        spawn.Process(
+            target=_fleet_worker, args=(str(path), f"fresh-{i}", seconds, start, results), daemon=True
+        )
         for i in range(FLEET_WORKERS)
     ]
-    for process in processes:
-        process.start()
-    time.sleep(2.0)  # let every process import and open its store
-    start.set()
-    totals = [results.get(timeout=seconds + 120) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
+    finished = False
+    try:
+        for process in processes:
+            process.start()
+        time.sleep(2.0)  # let every process import and open its store
+        start.set()
+        totals = [results.get(timeout=seconds + 120) for _ in processes]
+        finished = True
+    finally:
+        stop_processes(processes, finished=finished)
     return sum(cycles for cycles, _ in totals), sum(busy for _, busy in totals)
 
 

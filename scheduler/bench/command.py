@@ -36,6 +36,7 @@ def terminated_cleanly() -> Iterator[None]:
     leaves them behind (``scheduler_bench_<pid>`` schemas; see docs/benchmarks.md)."""
 
     def terminate(signum: int, _frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup short
         raise SystemExit(128 + signum)
 
     if threading.current_thread() is not threading.main_thread():
@@ -45,7 +46,7 @@ def terminated_cleanly() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def parse_depths(text: str | None) -> tuple[int, ...] | None:

@@ -29,6 +29,7 @@ from sqlalchemy.pool import NullPool
 
 from scheduler.bench.context import BENCH_JOB_ID, LEASE_MS
 from scheduler.bench.pg_server import backend_cpu_s, backend_pids, quoted
+from scheduler.bench.timing import stop_processes
 
 START_TIMEOUT_S: Final = 120.0
 RUN_TIMEOUT_S: Final = 1800.0
@@ -186,10 +187,10 @@ def run_workers(
         )
         for index in range(workers)
     ]
-    for process in processes:
-        process.start()
     finished = False
     try:
+        for process in processes:
+            process.start()
         _answers(ready, workers)  # every store open
         warmed_least = _warm_up(store, ready, inboxes, run, base)
         _enqueue(store, prefix, occurrences, base)
@@ -206,12 +207,7 @@ def run_workers(
         raise RuntimeError(f"{workers} bench workers did not finish in time") from error
     finally:
         done.set()
-        for process in processes:
-            if not finished:
-                process.kill()  # a failed run: nothing to wait for
-            process.join(60)
-            if process.is_alive():
-                process.kill()
+        stop_processes(processes, finished=finished)  # a failed run: nothing to wait for
     failures = [error for *_rest, error in results if error is not None]
     if failures:
         raise RuntimeError(f"a bench worker failed: {failures[0]}")

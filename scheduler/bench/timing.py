@@ -17,6 +17,21 @@ class Record(Protocol):
     def __call__(self, key: str, value: float, **detail: Any) -> None: ...
 
 
+def stop_processes(processes: Sequence[Any], *, finished: bool, timeout_s: float = 60.0) -> None:
+    """Join a run's worker processes (``multiprocessing.Process``). A run that did not finish (a
+    worker's error, a timeout, Ctrl-C or ``SIGTERM``) kills them first: nothing is left running,
+    or writing to a database the run is about to remove. One that outlives ``timeout_s`` is killed."""
+    for process in processes:
+        if process.pid is None:
+            continue  # never started
+        if not finished:
+            process.kill()
+        process.join(timeout_s)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout_s)
+
+
 def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 

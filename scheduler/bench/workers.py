@@ -17,7 +17,7 @@ from typing import Any, Final
 from scheduler.bench.context import LEASE_MS, BenchConfig, Context
 from scheduler.bench.model import GROUP_MEMORY, GROUP_WORKERS, Spec
 from scheduler.bench.stores import fill_queue, open_bench_store, require
-from scheduler.bench.timing import Budget, Record, peak_rss_mb
+from scheduler.bench.timing import Budget, Record, peak_rss_mb, stop_processes
 
 STARTUP_TIMEOUT_S: Final = 120.0
 RUN_TIMEOUT_S: Final = 1800.0
@@ -199,14 +199,15 @@ def measure_workers(ctx: Context, record: Record) -> None:
         spawn.Process(target=worker_main, args=(str(path), index, go, messages, config.budget_s), daemon=True)
         for index in range(config.workers)
     ]
-    for process in processes:
-        process.start()
+    finished = False
     try:
+        for process in processes:
+            process.start()
         started, reports = _collect(ctx, messages, config.workers, go, config.worker_items)
+        finished = True
     finally:
         go.set()
-        for process in processes:
-            process.join(timeout=30)
+        stop_processes(processes, finished=finished)
     errors = [report["error"] for report in reports if "error" in report]
     if errors:
         raise RuntimeError(f"worker failed: {errors[0]}")
