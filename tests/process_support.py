@@ -15,7 +15,7 @@ def group_members(group: int, command_contains: str = "") -> list[int]:
         try:
             state, _parent, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]
             command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
         if int(process_group) == group and state != "Z" and command_contains in command:
             members.append(int(stat.parent.name))

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -230,5 +231,7 @@ def test_a_run_stopped_with_sigterm_removes_its_databases(tmp_path: Path, when: 
         assert not group_alive(run.pid), "a worker process outlived the run"
     finally:
         if group_alive(run.pid, wait_s=0):
-            os.killpg(run.pid, signal.SIGKILL)
+            with suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
     assert list(tmp_path.glob("scheduler-bench-*")) == []

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,9 @@ def test_a_run_stopped_with_sigterm_drops_its_schemas(postgres_server: PostgresS
         assert not group_alive(run.pid), "a worker process outlived the run"
     finally:
         if group_alive(run.pid, wait_s=0):
-            os.killpg(run.pid, signal.SIGKILL)
+            with suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
     assert _bench_schemas(postgres_server, mine) == set()
     deadline = time.monotonic() + 10  # a backend exits just after its client has gone
     while _connections(postgres_server, its_connections) and time.monotonic() < deadline:

@@ -207,7 +207,7 @@ def run_workers(
         raise RuntimeError(f"{workers} bench workers did not finish in time") from error
     finally:
         done.set()
-        stop_processes(processes, finished=finished)  # a failed run: nothing to wait for
+        stop_processes(processes, finished=finished)
     failures = [error for *_rest, error in results if error is not None]
     if failures:
         raise RuntimeError(f"a bench worker failed: {failures[0]}")

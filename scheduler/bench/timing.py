@@ -21,15 +21,17 @@ def stop_processes(processes: Sequence[Any], *, finished: bool, timeout_s: float
     """Join a run's worker processes (``multiprocessing.Process``). A run that did not finish (a
     worker's error, a timeout, Ctrl-C or ``SIGTERM``) kills them first: nothing is left running,
     or writing to a database the run is about to remove. One that outlives ``timeout_s`` is killed."""
-    for process in processes:
-        if process.pid is None:
-            continue  # never started
-        if not finished:
+    started = [process for process in processes if process.pid is not None]
+    if not finished:
+        for process in started:
             process.kill()
-        process.join(timeout_s)
+    deadline = time.monotonic() + timeout_s  # one deadline for all of them
+    for process in started:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in started:
         if process.is_alive():
             process.kill()
-            process.join(timeout_s)
+            process.join(5.0)
 
 
 def rate(count: int, seconds: float) -> float:
