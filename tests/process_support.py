@@ -3,8 +3,16 @@ none of its processes outlived it)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def group_members(group: int, command_contains: str = "") -> list[int]:
@@ -31,3 +39,39 @@ def group_alive(group: int, wait_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def bench_stopped_with_sigterm(
+    arguments: Sequence[str],
+    reached: Callable[[subprocess.Popen[bytes]], bool],
+    *,
+    environment: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> int:
+    """Start ``python -m scheduler.bench *arguments`` in a process group of its own, wait (at most
+    120 s) until ``reached(run)``, send it ``SIGTERM`` and check that it exits with 143 within
+    ``timeout_s`` and that no process of its group outlives it; the run's pid. A group left behind
+    (a failure) is killed and reaped."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.bench", *arguments],
+        cwd=REPO,
+        env={**os.environ, **(environment or {}), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its worker processes join its process group
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not reached(run):
+            assert run.poll() is None and time.monotonic() < deadline, "the run never got there"
+            time.sleep(0.02)
+        run.send_signal(signal.SIGTERM)
+        _, errors = run.communicate(timeout=timeout_s)
+        assert run.returncode == 143, errors[-4000:]
+        assert not group_alive(run.pid), "a worker process outlived the run"
+    finally:
+        if group_alive(run.pid, wait_s=0):
+            with suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
+    return run.pid

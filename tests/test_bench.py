@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-from process_support import group_alive, group_members
+from process_support import bench_stopped_with_sigterm, group_members
 from typer.testing import CliRunner
 
 from scheduler import open_store
@@ -204,34 +201,16 @@ def test_a_run_stopped_with_sigterm_removes_its_databases(tmp_path: Path, when: 
     """``kill`` (SIGTERM) of a running ``scheduler bench``, once it wrote its first database or
     while its worker processes run, exits with 143 after stopping those processes (none outlives
     the run) and removing its temporary databases."""
-    env = {**os.environ, "SCHEDULER_BENCH_SCALE": "0.05", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "scheduler.bench", "--quick", "--dir", str(tmp_path)]
-    run = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its worker processes join its process group
-    )
 
-    def reached() -> bool:
+    def reached(run: subprocess.Popen[bytes]) -> bool:
         if when == "first-database":
             return bool(list(tmp_path.glob("scheduler-bench-*/*")))
         return bool(group_members(run.pid, "spawn_main"))
 
-    try:
-        deadline = time.monotonic() + 120
-        while not reached():
-            assert run.poll() is None and time.monotonic() < deadline, f"the run never reached {when}"
-            time.sleep(0.02)
-        run.send_signal(signal.SIGTERM)
-        _, errors = run.communicate(timeout=90)
-        assert run.returncode == 143, errors[-4000:]
-        assert not group_alive(run.pid), "a worker process outlived the run"
-    finally:
-        if group_alive(run.pid, wait_s=0):
-            with suppress(ProcessLookupError):
-                os.killpg(run.pid, signal.SIGKILL)
-            run.wait(30)
+    bench_stopped_with_sigterm(
+        ["--quick", "--dir", str(tmp_path)],
+        reached,
+        environment={"SCHEDULER_BENCH_SCALE": "0.05"},
+        timeout_s=90,
+    )
     assert list(tmp_path.glob("scheduler-bench-*")) == []

@@ -7,17 +7,14 @@ worker processes, so the run takes seconds; the figures themselves mean nothing 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 from backends import PostgresServer
-from process_support import group_alive
+from process_support import bench_stopped_with_sigterm
 from typer.testing import CliRunner
 
 from scheduler.bench.context import BENCH_JOB_ID
@@ -171,37 +168,28 @@ def test_a_run_stopped_with_sigterm_drops_its_schemas(postgres_server: PostgresS
     processes drain the queue, exits with 143 through the run's cleanup: its schemas are dropped
     and none of its connections (its own or its workers') is left."""
     url = postgres_server.url.render_as_string(hide_password=False)
-    command = [sys.executable, "-m", "scheduler.bench", "--backend", "postgresql", "--db", url]
-    run = subprocess.Popen(
-        [*command, "--rounds", "1", "--scale", "0.5"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its worker processes join its process group
+
+    def reached(run: subprocess.Popen[bytes]) -> bool:
+        if _connections(postgres_server, f"^bench_worker_{run.pid}_") == 0:
+            return False
+        assert _bench_schemas(postgres_server, _schemas(run.pid)) == _schemas(run.pid)
+        return True
+
+    pid = bench_stopped_with_sigterm(
+        ["--backend", "postgresql", "--db", url, "--rounds", "1", "--scale", "0.5"], reached
     )
-    mine = {f"scheduler_bench_{run.pid}", f"scheduler_bench_{run.pid}_floor"}
-    its_connections = f"^bench_(single|worker)_{run.pid}(_|$)"
-    try:
-        deadline = time.monotonic() + 120
-        while _connections(postgres_server, f"^bench_worker_{run.pid}_") == 0:
-            assert run.poll() is None and time.monotonic() < deadline, "no worker process connected"
-            time.sleep(0.05)
-        assert _bench_schemas(postgres_server, mine) == mine
-        run.send_signal(signal.SIGTERM)
-        _, errors = run.communicate(timeout=60)
-        assert run.returncode == 143, errors
-        assert not group_alive(run.pid), "a worker process outlived the run"
-    finally:
-        if group_alive(run.pid, wait_s=0):
-            with suppress(ProcessLookupError):
-                os.killpg(run.pid, signal.SIGKILL)
-            run.wait(30)
+    mine = _schemas(pid)
+    its_connections = f"^bench_(single|worker)_{pid}(_|$)"
     assert _bench_schemas(postgres_server, mine) == set()
     deadline = time.monotonic() + 10  # a backend exits just after its client has gone
     while _connections(postgres_server, its_connections) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _connections(postgres_server, its_connections) == 0
+
+
+def _schemas(pid: int) -> set[str]:
+    """The schemas of the bench run ``pid``."""
+    return {f"scheduler_bench_{pid}", f"scheduler_bench_{pid}_floor"}
 
 
 def _connections(server: PostgresServer, application_name: str) -> int:

@@ -105,7 +105,7 @@ def _recorded(
     return engine, open_store(engine, schema=schema)  # the server clock (clock=None)
 
 
-def _named_statement(store: Any, sent: str) -> str:
+def named_statement(store: Any, sent: str) -> str:
     """The SQL of the named statement ``sent`` executes, read in autocommit (psycopg's
     ``rollback()`` would ``DEALLOCATE ALL``)."""
     name = sent.split("EXECUTE ", 1)[1].split("(", 1)[0]
@@ -165,8 +165,8 @@ def test_a_quiet_cycle_is_one_round_trip(postgres_server: Any, pg_schema: str) -
         assert sent[0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_")
         assert sent[0].endswith("; COMMIT")
         lead, cycle_text = sent[0].rsplit("; EXECUTE ", 1)
-        assert "FOR UPDATE" in _named_statement(store, lead)  # the settled row, locked first
-        statement = _named_statement(store, "EXECUTE " + cycle_text)
+        assert "FOR UPDATE" in named_statement(store, lead)  # the settled row, locked first
+        statement = named_statement(store, "EXECUTE " + cycle_text)
         assert (
             "locked_current AS MATERIALIZED (SELECT" in statement
             and "cycle_clock AS MATERIALIZED" in statement
@@ -201,7 +201,7 @@ def test_a_cycle_is_two_round_trips_without_its_statement(
         assert len(sent) == 2, sent
         assert sent[0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_")
         assert sent[1].startswith("EXECUTE scheduler_") and sent[1].endswith("; COMMIT")
-        first, writes = _named_statement(store, sent[0]), _named_statement(store, sent[1])
+        first, writes = named_statement(store, sent[0]), named_statement(store, sent[1])
         assert "locked_current AS MATERIALIZED (SELECT" in first
         assert "cycle_clock AS MATERIALIZED" in first and "probe AS MATERIALIZED" in first
         assert "FOR UPDATE OF occurrences SKIP LOCKED" in first

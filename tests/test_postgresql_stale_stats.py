@@ -23,6 +23,7 @@ from psycopg import Connection as DriverConnection
 from psycopg import sql
 from sqlalchemy import Engine, create_engine, event
 from test_fastpath_postgresql import recording_cursor
+from test_kept_writes import named_statement
 from test_postgresql_claims import as_among_workers, enqueue
 from test_postgresql_races import AUTHORITY, T0
 
@@ -224,7 +225,7 @@ def test_the_cycle_in_one_statement_walks_a_bounded_window_of_a_churned_unanalyz
         (sent, _), *_ = seen
         begin, lead, statement, commit = sent.split("; ")
         assert begin.startswith("BEGIN") and commit == "COMMIT", sent
-        assert ("arm_rank" in _named_statement(store, statement)) is among_workers
+        assert ("arm_rank" in named_statement(store, statement)) is among_workers
         plans = _explained_cycle(store, lead, statement, settled.id, held.id)
         for plan in plans:
             updated = [node for node in plan_nodes(plan) if node.get("Operation") == "Update"]
@@ -240,18 +241,6 @@ def _driver(store: SchedulerStore) -> DriverConnection[Any]:
     driver: DriverConnection[Any] | None = store.connection.connection.driver_connection
     assert driver is not None
     return driver
-
-
-def _named_statement(store: SchedulerStore, execute: str) -> str:
-    """The SQL of the statement ``execute`` (``EXECUTE scheduler_<n>(…)``) runs."""
-    name = execute.split("EXECUTE ", 1)[1].split("(", 1)[0]
-    driver = _driver(store)
-    row = driver.execute(
-        "SELECT statement FROM pg_prepared_statements WHERE name = %(name)s", {"name": name}
-    ).fetchone()
-    driver.rollback()
-    assert row is not None, name
-    return str(row[0])
 
 
 def _explained_cycle(
