@@ -8,7 +8,7 @@ from typing import TypeVar
 from sqlalchemy import Connection
 
 from scheduler.store.claim_locks import ClaimContention
-from scheduler.store.session import SERVER_CLOCK, Runner
+from scheduler.store.runner_base import SERVER_CLOCK, Runner
 from scheduler.store.tx import Clock, Tx
 
 T = TypeVar("T")

@@ -19,12 +19,14 @@ from scheduler.store.history import HistoryOperations
 from scheduler.store.jobs import JobOperations
 from scheduler.store.leases import LeaseOperations
 from scheduler.store.migrations import DomainMigrationOperations
+from scheduler.store.nested_runner import NestedRunner
 from scheduler.store.notify import NotifyOperations
 from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
+from scheduler.store.runner_base import SERVER_CLOCK, Runner
 from scheduler.store.runtime_control import RuntimeControlOperations
-from scheduler.store.session import SERVER_CLOCK, NestedRunner, OwnedRunner, Runner
+from scheduler.store.session import OwnedRunner
 from scheduler.store.stats import StatsOperations
 from scheduler.store.tx import Clock, Tx
 from scheduler.store.worker_reads import WorkerReadOperations

@@ -8,7 +8,7 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.base import StoreBase
 from scheduler.store.failures import classify_storage_failure
 from scheduler.store.lifecycle import TRANSACTION_ACTIVE
-from scheduler.store.session import NestedRunner
+from scheduler.store.nested_runner import NestedRunner
 from scheduler.store.wakeups import send_wakeup, wake_channel
 
 

@@ -37,7 +37,8 @@ from scheduler.store.dialects.sqlite import begin_transaction as begin_sqlite_tr
 from scheduler.store.dialects.sqlite import driver_in_transaction as sqlite_driver_in_transaction
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.failures import classify_storage_failure
-from scheduler.store.session import SERVER_CLOCK, OwnedRunner
+from scheduler.store.runner_base import SERVER_CLOCK
+from scheduler.store.session import OwnedRunner
 from scheduler.store.tx import Clock
 
 log = logging.getLogger("scheduler.store")

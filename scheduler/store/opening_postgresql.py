@@ -23,7 +23,7 @@ from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.schema.upgrade import initialize_or_upgrade
 from scheduler.store.dialects import postgresql
-from scheduler.store.session import SERVER_CLOCK
+from scheduler.store.runner_base import SERVER_CLOCK
 from scheduler.store.tx import Clock
 
 log = logging.getLogger("scheduler.store")
