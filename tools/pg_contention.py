@@ -10,6 +10,11 @@ local) and, per cycle, the fast path's statements: all of them, the claim lock s
 store-owned claim that met a row changed under its lock, ``Tx.restartable``). The figures of
 the claim-lock changes in docs/benchmarks.md came from it. (It wraps the fast path's calls,
 adding ~2 µs to each.)
+
+``--independent`` gives each worker a queue of its own (a schema each, the occurrences split
+evenly): the same cycles with no contention at all, so the difference from a shared queue is
+what sharing one costs. ``--among-workers`` keeps every worker on the claim path it takes once
+other workers held its first candidates (``ClaimContention``), whatever its own claims meet.
 """
 
 from __future__ import annotations
@@ -61,11 +66,13 @@ def counted_fast_path(counts: Counter[str]) -> None:
     session.OwnedRunner._attempt = counting_attempt  # type: ignore[method-assign,assignment]
 
 
-def worker(url: str, schema: str, index: int, go: Any, results: Any, done: Any) -> None:
+def worker(url: str, schema: str, index: int, among_workers: bool, go: Any, results: Any, done: Any) -> None:
     counts: Counter[str] = Counter()
     counted_fast_path(counts)
     engine = worker_engine(url, f"pg_contention_{index}")
     store = open_store(engine, schema=schema)
+    if among_workers:
+        store._claims.quiet = -(10**9)  # never QUIET_CLAIMS first candidates in a row
     owner = f"w{index}"
     go.wait()
     started, cycles = time.process_time(), 0
@@ -81,32 +88,49 @@ def worker(url: str, schema: str, index: int, go: Any, results: Any, done: Any) 
     engine.dispose()
 
 
+def fill(admin: Any, schema: str, occurrences: int) -> None:
+    """A store in ``schema`` with ``occurrences`` due rows of one job."""
+    with open_store(admin, schema=schema) as store:
+        store.create_job(id="job", kind="bench", authority=AUTHORITY)
+        base = int(time.time() * 1000) - 1_000_000_000
+        for start in range(0, occurrences, 500):
+            end = min(occurrences, start + 500)
+            store.enqueue_many(
+                [
+                    {"job_id": "job", "scheduled_for": base + i, "trigger_key": f"t{i}"}
+                    for i in range(start, end)
+                ]
+            )
+
+
+def drop_schemas(admin: Any, schemas: list[str]) -> None:
+    with admin.begin() as connection:
+        for schema in schemas:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted(admin, schema)} CASCADE")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--occurrences", type=int, default=4000)
+    parser.add_argument("--independent", action="store_true", help="a queue (schema) per worker")
+    parser.add_argument("--among-workers", action="store_true", help="always the claim path among workers")
     options = parser.parse_args()
-    schema = "scheduler_contention"
+    count = options.workers if options.independent else 1
+    schemas = [f"scheduler_contention_{index}" for index in range(count)]
     admin = create_engine(options.url, poolclass=NullPool)
-    with admin.begin() as connection:
-        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted(admin, schema)} CASCADE")
+    drop_schemas(admin, schemas)
     try:
-        with open_store(admin, schema=schema) as store:
-            store.create_job(id="job", kind="bench", authority=AUTHORITY)
-            base = int(time.time() * 1000) - 1_000_000_000
-            for start in range(0, options.occurrences, 500):
-                end = min(options.occurrences, start + 500)
-                store.enqueue_many(
-                    [
-                        {"job_id": "job", "scheduled_for": base + i, "trigger_key": f"t{i}"}
-                        for i in range(start, end)
-                    ]
-                )
+        for schema in schemas:
+            fill(admin, schema, options.occurrences // count)
         context = multiprocessing.get_context("spawn")
         go, done, results = context.Event(), context.Event(), context.Queue()
         processes = [
-            context.Process(target=worker, args=(options.url, schema, index, go, results, done))
+            context.Process(
+                target=worker,
+                args=(options.url, schemas[index % count], index, options.among_workers, go, results, done),
+            )
             for index in range(options.workers)
         ]
         for process in processes:
@@ -144,8 +168,7 @@ def main() -> None:
             )
         )
     finally:
-        with admin.begin() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted(admin, schema)} CASCADE")
+        drop_schemas(admin, schemas)
         admin.dispose()
 
 
