@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 from typing import Any
 
@@ -32,7 +31,6 @@ from scheduler.bench.pg_server import backend_cpu_s, quoted
 
 AUTHORITY = {"principal": {"type": "service", "id": "pg-cycle-statement"}}
 LEASE_MS = 36_000_000  # the held lease outlives the measurement
-_OCCURRENCE = re.compile(r"'(occ_[0-9a-f]+)'")
 
 
 def recording_cursor(seen: list[str]) -> type[psycopg.Cursor[Any]]:

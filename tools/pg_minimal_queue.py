@@ -1,6 +1,6 @@
 """A control for the bench's 4 ÷ 1 worker figure: how a minimal queue scales on this machine.
 
-    python tools/pg_minimal_queue.py --url postgresql://root@127.0.0.1:5432/test --rounds 3
+    PYTHONPATH=. python tools/pg_minimal_queue.py --url postgresql://root@127.0.0.1:5432/test --rounds 3
 
 Not the store: one table ``scheduler_minimal_queue`` (in the ``public`` schema of ``--url``,
 dropped at the end) with an id, a status and a fence, and a cycle that, in one statement and
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import time
 from typing import Any
 
 import psycopg
+
+from scheduler.bench.pg_server import backend_cpu_s
 
 TABLE = "scheduler_minimal_queue"
 CYCLE = f"""
@@ -33,7 +34,6 @@ WITH done AS (UPDATE {TABLE} SET status = 'done' WHERE id = %(previous)s),
      next AS (SELECT id FROM {TABLE} WHERE status = 'queued' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 UPDATE {TABLE} SET status = 'running', fence = fence + 1 FROM next WHERE {TABLE}.id = next.id
 RETURNING {TABLE}.id"""
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def fill(url: str, jobs: int) -> None:
@@ -53,19 +53,12 @@ def fill(url: str, jobs: int) -> None:
         connection.execute(f"VACUUM ANALYZE {TABLE}")
 
 
-def server_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one server process so far."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
 def drain(url: str, go: Any, results: Any) -> None:
     """Cycles until no row is queued; puts (cycles, client CPU s, server CPU s, deadlocks)."""
     with psycopg.connect(url) as connection:
         pid = connection.info.backend_pid
         go.wait()
-        client, server = time.process_time(), server_cpu_s(pid)
+        client, server = time.process_time(), backend_cpu_s([pid]) or 0.0
         previous, cycles, deadlocks = -1, 0, 0
         while True:
             try:
@@ -78,7 +71,8 @@ def drain(url: str, go: Any, results: Any) -> None:
             if row is None:
                 break
             previous, cycles = row[0], cycles + 1
-        results.put((cycles, time.process_time() - client, server_cpu_s(pid) - server, deadlocks))
+        server = (backend_cpu_s([pid]) or 0.0) - server
+        results.put((cycles, time.process_time() - client, server, deadlocks))
 
 
 def run(url: str, workers: int, jobs: int) -> dict[str, float]:
