@@ -86,7 +86,7 @@ def open_stores(pg_engine: Engine, pg_schema: str, clock: Clock) -> Iterator[Sto
 def as_among_workers(store: SchedulerStore) -> None:
     """Keep ``store``'s single claims on the path they take once other workers held their first
     candidates (the window of heads, ``ClaimContention``), whatever its own claims meet."""
-    store._claims.quiet = -(10**9)
+    store._claims.stay_among_workers()
 
 
 def enqueue(store: SchedulerStore, count: int, *, job_id: str = "job-1", max_attempts: int = 3) -> list[str]:

@@ -72,7 +72,7 @@ def worker(url: str, schema: str, index: int, among_workers: bool, go: Any, resu
     engine = worker_engine(url, f"pg_contention_{index}")
     store = open_store(engine, schema=schema)
     if among_workers:
-        store._claims.quiet = -(10**9)  # never QUIET_CLAIMS first candidates in a row
+        store._claims.stay_among_workers()
     owner = f"w{index}"
     go.wait()
     started, cycles = time.process_time(), 0

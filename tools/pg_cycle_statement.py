@@ -54,7 +54,7 @@ def recorded_cycle(url: str, schema: str, among_workers: bool) -> tuple[list[str
             [{"job_id": "job", "scheduled_for": base + i, "trigger_key": f"t{i}"} for i in range(500)]
         )
         if among_workers:
-            store._claims.quiet = -(10**9)  # never QUIET_CLAIMS first candidates in a row
+            store._claims.stay_among_workers()
         held = store.claim_next(owner_id="w", lease_ms=LEASE_MS)
         for _ in range(50):
             assert held is not None

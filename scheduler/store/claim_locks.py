@@ -210,6 +210,14 @@ class ClaimContention:
         """Record whether a claim locked its first candidate."""
         self.quiet = self.quiet + 1 if first else 0
 
+    AMONG_WORKERS: Final = -(10**9)
+    """A :attr:`quiet` no run of claims ever brings back to :data:`QUIET_CLAIMS`."""
+
+    def stay_among_workers(self) -> None:
+        """Keep claims on the path among workers, whatever they meet (benchmarks and tests that
+        measure or pin that path with one worker)."""
+        self.quiet = self.AMONG_WORKERS
+
 
 def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tuple[list[StoredRow], int]:
     """The first ``count`` candidates (given in the seed's order) this transaction could lock, as
