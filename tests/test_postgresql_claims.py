@@ -31,7 +31,6 @@ from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
 from scheduler.store import claim_locks, claim_query
 from scheduler.store.leases import CONTENDED_EXTRA
-from scheduler.store.statement_plans import Prepared
 from scheduler.testing import dump_tables
 
 T = TypeVar("T")
@@ -464,40 +463,6 @@ def test_a_candidate_committed_while_the_lock_statement_runs_is_returned_as_it_i
             )
         thread.join(30)
     assert results == [(first, 1, "queued"), False]  # returned as it is now, and locked by the claim
-
-
-def slowed(build: Callable[..., Any]) -> Callable[..., Any]:
-    """``build`` (a module's statement builder returning a ``Prepared`` that locks) whose
-    statements sleep 2 s after their snapshot is taken, before their first lock."""
-
-    def slow(*args: Any) -> Any:
-        prepared = build(*args)
-        return Prepared(prepared.statement.where(text("EXISTS (SELECT FROM pg_sleep(2))")), locks=True)
-
-    return slow
-
-
-def during_sleep(
-    store: SchedulerStore, call: Callable[[], T], meanwhile: Callable[[], None], overlap: bool
-) -> T:
-    """``call()`` on ``store`` (in a thread), and ``meanwhile()``: while the store's backend sleeps
-    in a statement ``call`` sends (:func:`slowed`) when ``overlap``, else before ``call`` (the
-    serial order an overlapping run's outcome must equal)."""
-    engine = store.connection.engine
-    pid = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-    store.connection.rollback()
-    results: list[T] = []
-    thread = threading.Thread(target=lambda: results.append(call()))
-    if overlap:
-        thread.start()
-        while _wait_event(engine, pid) != "PgSleep":
-            assert thread.is_alive(), results
-        meanwhile()
-    else:
-        meanwhile()
-        thread.start()
-    thread.join(30)
-    return results[0]
 
 
 def _wait_event(engine: Engine, pid: int) -> str | None:

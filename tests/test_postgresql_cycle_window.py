@@ -6,23 +6,25 @@ Among workers that hold the first candidates (``ClaimContention``), the one-stat
 it (the cycle's first statement with the window, then ``window_pick``'s writes statement), as
 in ``test_postgresql_cycle_statement.py``; results and tables must be equal. The cases the
 window cannot decide (a claimable row that is not plain, an arm that may hold unread rows ahead
-of the next candidate, a candidate another worker claimed after the statement's snapshot) make
-the statement miss, and the call runs again the usual way: each is
+of the next candidate) make the statement miss, and the call runs again the usual way: each is
 built so that a statement deciding it anyway would claim another row. The randomized comparison
 with the full candidate list is in ``test_postgresql_window_claims.py``.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from backends import PostgresServer
-from test_postgresql_claims import LEASE, during_sleep, held, slowed
-from test_postgresql_cycle_statement import T0, Run, both_ways, cycle
+from sqlalchemy import text
+from test_postgresql_claims import LEASE, held
+from test_postgresql_cycle_statement import T0, Run, both_ways, cycle, wait_event
 
 from scheduler import open_store
 from scheduler.store import claim_query, cycle_statement
+from scheduler.store.statement_plans import Prepared
 
 pytestmark = pytest.mark.postgresql
 ERROR = {"code": "E_BROKEN", "message": "broken"}
@@ -140,18 +142,19 @@ def test_a_due_retry_within_the_window_is_claimed_in_its_place(postgres_server: 
     assert claimed.id == made[1] and claimed.attempt == 2 and found == [6]
 
 
-def test_a_window_row_claimed_after_the_statement_began_makes_it_miss(
+def test_a_window_row_claimed_after_the_statement_began_is_passed_over(
     postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another worker claims the first window row and commits while the statement runs (slowed
     here: 2 s after its snapshot, before its first lock). The statement's snapshot still reads
-    that row as queued; PostgreSQL locks its newest version. The statement puts no condition on
-    the row it locks, so that row is returned rather than passed over and kept locked until the
-    ``COMMIT`` (a lock on a row the call does not claim, which the other worker's settle would
-    wait for); the claim's version check rejects it and the statement fails with its own marker
-    (``CANDIDATE_CHANGED``), its rollback releasing the lock. The call then runs once more as one
-    statement (``WholeCycleRaced``), on a new snapshot, and claims the next row, now the first
-    candidate, as when the other worker's claim came first."""
+    that row as queued; locked, its newest version fails the version check (PostgreSQL checks the
+    ``WHERE`` clause again on the row it locked) and the next row is claimed, as when the other
+    worker's claim came first."""
+    slow = cycle_statement._statement
+
+    def slowed(*args: Any) -> Any:
+        prepared = slow(*args)
+        return Prepared(prepared.statement.where(text("EXISTS (SELECT FROM pg_sleep(2))")), locks=True)
 
     def scenario(run: Run) -> Any:
         other = open_store(postgres_server.engine, schema=run.schema, clock=run.clock)
@@ -161,15 +164,25 @@ def test_a_window_row_claimed_after_the_statement_began_makes_it_miss(
             taken.append(other.claim_occurrence(occurrence_id=run.made[1], owner_id="o", lease_ms=LEASE))
 
         try:
-            with monkeypatch.context() as patched:
-                patched.setattr(cycle_statement, "_statement", slowed(cycle_statement._statement))
-                result = during_sleep(
-                    run.store, lambda: cycle(run.store, run.made[0], 1), claim_first, run.one_statement
-                )
-            return (run.made, taken[0].lease_owner, result), None
+            pid = run.store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            run.store.connection.rollback()
+            results: list[Any] = []
+            with postgres_server.engine.connect() as watcher, monkeypatch.context() as patched:
+                patched.setattr(cycle_statement, "_statement", slowed)
+                thread = threading.Thread(target=lambda: results.append(cycle(run.store, run.made[0], 1)))
+                if run.one_statement:
+                    thread.start()
+                    while wait_event(watcher, pid) != "PgSleep":
+                        assert thread.is_alive(), results
+                    claim_first()
+                else:  # the serial order the statement's outcome must equal
+                    claim_first()
+                    thread.start()
+                thread.join(30)
+            return (run.made, taken[0].lease_owner, results[0]), None
         finally:
             other.close()
 
     (made, owner, (settled, claimed)), _, found = compared(postgres_server, 4, scenario)
     assert owner == "o" and settled.status == "succeeded"
-    assert claimed is not None and claimed.id == made[2] and found == [None, 1]
+    assert claimed is not None and claimed.id == made[2] and found == [2]

@@ -36,20 +36,18 @@ its version check sees.
 Among workers that hold the first candidates (``ClaimContention`` not quiet) the statement reads
 the window of heads instead of the head (:func:`_window_and_lock`): the candidates
 ``claim_plan.window_plan`` yields, in the seed's order, up to the first row that is not plain and
-no further than the last row of an arm that may hold unread rows; the first one no other
-transaction holds is locked ``SKIP LOCKED`` and claimed if it is still the version the snapshot
-read. One changed since (claimed by another worker that committed after the snapshot) makes the
-statement miss, so that no row the call does not claim stays locked (see
-:func:`_window_and_lock`). The claimed row's place (``c_position``) tells ``ClaimContention``
-whether the first candidate was free.
+no further than the last row of an arm that may hold unread rows; the first one free is locked
+``SKIP LOCKED`` at its version as read, as ``window_pick`` locks it in a contended cycle's writes
+statement. A row passed over because its version changed stays locked until the ``COMMIT`` in
+the same round trip. The claimed row's place (``c_position``) tells ``ClaimContention`` whether
+the first candidate was free.
 
 The check (``write_batch.count_check``) fails the statement, and the ``COMMIT`` with it, unless
 the settlement wrote its row and either the head was claimed or nothing is due; the call then
 runs again the usual way (``RestartTransaction``), which decides every other case — a lost
-lease, an expired lease to sweep or reclaim, a head another worker holds or that is not plain
-(quiet), no free candidate before the window's first row that is not plain or past its known
-order, a first free candidate changed since the snapshot (among workers), an unrepresentable
-lease expiry — and reports its error exactly as before.
+lease, an expired lease to sweep or reclaim, a head another worker holds or that is not plain (quiet),
+no free candidate before the window's first row that is not plain or past its known order
+(among workers), an unrepresentable lease expiry — and reports its error exactly as before.
 """
 
 from __future__ import annotations
@@ -60,7 +58,6 @@ from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
-    Integer,
     String,
     and_,
     bindparam,
@@ -96,14 +93,13 @@ from scheduler.store.claim_query import (
 from scheduler.store.cycle_read import MAX_WAIT_US, settled_lock
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import Occurrence, SettledAndClaimed
-from scheduler.store.restart import RestartTransaction, WholeCycleMissed, WholeCycleRaced
-from scheduler.store.server_statements import CANDIDATE_CHANGED, KEPT_WRITES_CHANGED, candidate_changed
+from scheduler.store.restart import RestartTransaction, WholeCycleMissed
 from scheduler.store.settlement import SettleRequest, guarded_settle_update
 from scheduler.store.statement_plans import STATEMENTS_LOCK, Prepared
 from scheduler.store.telemetry import records_event
 from scheduler.store.tx import Tx
 from scheduler.store.window_pick import CLAIMED, claim_data_json, claim_data_sql, version_sql
-from scheduler.store.write_batch import EVENT_COLUMNS
+from scheduler.store.write_batch import EVENT_COLUMNS, count_check
 
 SETTLED: Final = "occurrence_succeeded"
 _o = t.occurrences
@@ -147,14 +143,9 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
     ``claim_plan.window_plan`` yields them, cut before the first row that is not plain
     (``claim_query.plain_sql``: a row ``window_pick`` would not claim in SQL either) and after the
     last row of an arm that returned ``HEAD_WINDOW`` rows (past it the order is unknown); none
-    when an expired lease is to be acted on. A candidate another transaction holds is passed over.
-    No condition is put on the row being locked: a candidate changed by a transaction that
-    committed after the statement's snapshot is locked in its newest version and returned (the
-    ``WHERE`` clause PostgreSQL re-checks on it names only the snapshot's ranking), the claim
-    ``UPDATE``'s version check (:func:`_claimed`) rejects it, and the statement misses, its
-    rollback releasing the lock: a condition on the locked row would pass it over and keep it
-    locked until the ``COMMIT``, a lock on a row the call does not claim (API §8), which its
-    owner's next write would wait for."""
+    when an expired lease is to be acted on. A candidate another transaction holds is passed over,
+    and so is one changed since the snapshot: PostgreSQL checks the version again on the row it
+    locks, and ``LIMIT 1`` then takes the next."""
     probe = build_head_window(shape, now).cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     key = (probe.c.available_at, probe.c.scheduled_for, probe.c.occurrence_id)
@@ -189,6 +180,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
         .where(
             ranked.c.plain,
             ranked.c.position <= func.coalesce(last, ranked.c.position),
+            version_sql(occurrences) == ranked.c.version,
             lock_if,
         )
         .order_by(ranked.c.position)
@@ -198,11 +190,6 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
         .prefix_with("MATERIALIZED")
     )
     return HeadLock(probe, ranked, locked)
-
-
-def _probed_version(probe: Any, locked: Any) -> Any:
-    """The version the snapshot read (``probe``) of the row ``locked``."""
-    return select(version_sql(probe)).where(probe.c.occurrence_id == locked.c.occurrence_id).scalar_subquery()
 
 
 def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any:
@@ -220,7 +207,9 @@ def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any
     def replace(element: BindParameter[Any]) -> Any:
         return values.get(element.key)
 
-    probed = _probed_version(probe, locked)
+    probed = (
+        select(version_sql(probe)).where(probe.c.occurrence_id == locked.c.occurrence_id).scalar_subquery()
+    )
     return (
         replace_binds(claim, replace)
         .where(
@@ -295,20 +284,8 @@ def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool, window: b
         count(events) == 1 + count(claimed),
         expires <= _MAX_SAFE,
     )
-    # Among workers, a first free candidate changed since the snapshot fails the statement with
-    # its own marker (see _window_and_lock): the runner then tries the cycle once more as one.
-    raced = and_(
-        count(heads.locked) == 1,
-        count(claimed) == 0,
-        exists().where(version_sql(heads.locked) != _probed_version(heads.probe, heads.locked)),
-    )
-    verdict = case(
-        (decided, literal_column("'1'")),
-        (raced, literal_column(f"'{CANDIDATE_CHANGED}'")),
-        else_=literal_column(f"'{KEPT_WRITES_CHANGED}'"),
-    )
     statement = select(
-        cast(verdict, Integer()).label("checked"),
+        count_check((), decided),
         lock.clock.c.now.label("server_now"),
         *[settled.c[name].label("s_" + name) for name in _NAMES],
         *[claimed.c[name].label("c_" + name) for name in _NAMES],
@@ -360,10 +337,10 @@ class PendingCycle:
         self.position: int | None = None
         """The claimed row's place among the candidates in the seed's order (1: the first)."""
 
-    def missed(self, error: BaseException) -> type[RestartTransaction]:
-        """The call runs again restartable, the usual way (``session``); once more as one
-        statement first where the statement's candidate changed under it (a race)."""
-        return WholeCycleRaced if candidate_changed(error) else WholeCycleMissed
+    @property
+    def missed(self) -> type[RestartTransaction]:
+        """The call runs again restartable, the usual way (``session``)."""
+        return WholeCycleMissed
 
     @property
     def lead(self) -> tuple[Prepared, dict[str, Any]]:

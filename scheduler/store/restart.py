@@ -16,10 +16,3 @@ class WholeCycleMissed(RestartTransaction):
     """A cycle left whole to one statement (``cycle_statement``) found a case that
     statement does not decide (its check failed, nothing written): the runner runs the call again
     in a restartable transaction that does not try the statement, before any savepoint path."""
-
-
-class WholeCycleRaced(WholeCycleMissed):
-    """The one statement's first free candidate was changed by a transaction that committed after
-    the statement's snapshot (another worker claimed it): the statement missed rather than pass
-    over the row and keep it locked (``cycle_statement._window_and_lock``). The runner runs the
-    call once more as one statement, on a new snapshot, before the usual way."""

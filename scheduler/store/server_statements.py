@@ -42,10 +42,6 @@ KEPT_WRITES_CHANGED: Final = "scheduler:kept-writes-changed"
 """The text a checked combined write casts to an integer when a write's count is not the one
 expected (``write_batch.combined(..., checked=True)``): the error aborts the transaction before
 the ``COMMIT`` sent with it."""
-CANDIDATE_CHANGED: Final = KEPT_WRITES_CHANGED + ":candidate-changed"
-"""The refusal of a checked statement whose claim candidate, locked, was not the version its
-snapshot read (``cycle_statement``): a race with another worker rather than a case the statement
-does not decide."""
 CANNOT_PREPARE: Final = "42"
 """SQLSTATE class of a statement PostgreSQL cannot prepare (syntax, types): it stays unnamed."""
 MAX_NAMES: Final = 512
@@ -57,11 +53,6 @@ def counts_differed(error: BaseException) -> bool:
     write's refusal (:data:`KEPT_WRITES_CHANGED`)."""
     driver_error = getattr(error, "orig", error)
     return getattr(driver_error, "sqlstate", None) == "22P02" and KEPT_WRITES_CHANGED in str(driver_error)
-
-
-def candidate_changed(error: BaseException) -> bool:
-    """Whether ``error`` (as for :func:`counts_differed`) is the refusal :data:`CANDIDATE_CHANGED`."""
-    return counts_differed(error) and CANDIDATE_CHANGED in str(getattr(error, "orig", error))
 
 
 def numbered(sql: str) -> tuple[str, tuple[str, ...]]:

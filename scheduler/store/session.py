@@ -31,7 +31,7 @@ from scheduler.store.fastpath import FastPath
 from scheduler.store.nested_runner import NestedRunner, block_runner
 from scheduler.store.runner_base import RunnerBase, T
 from scheduler.store.telemetry import collect, emit_all
-from scheduler.store.tx import RestartTransaction, Tx, WholeCycleMissed, WholeCycleRaced
+from scheduler.store.tx import RestartTransaction, Tx, WholeCycleMissed
 from scheduler.store.wakeups import send_wakeup, wake_channel, wakes_workers
 
 
@@ -104,33 +104,21 @@ class OwnedRunner(RunnerBase):
         the usual way."""
         restartable = begin == BEGIN_WRITE and self.dialect.CONCURRENT_WRITERS
         try:
-            return self._whole_cycle_attempts(operation, begin, sample_clock, restartable)
+            try:
+                return self._attempt(operation, begin, sample_clock, restartable=restartable)
+            except WholeCycleMissed as missed:  # the cycle the usual way, still restartable
+                return self._attempt(
+                    operation,
+                    begin,
+                    sample_clock,
+                    restartable=restartable,
+                    clock_sample=missed.clock_sample,
+                    whole_cycles=False,
+                )
         except RestartTransaction as restart:
             return self._attempt(
                 operation, begin, sample_clock, restartable=False, clock_sample=restart.clock_sample
             )
-
-    def _whole_cycle_attempts(
-        self, operation: Callable[[Tx], T], begin: str, sample_clock: bool, restartable: bool
-    ) -> T:
-        """The call, and where its one statement missed (``WholeCycleMissed``) the call again the
-        usual way; where the statement lost a race for its candidate (``WholeCycleRaced``), once
-        more as one statement first."""
-        try:
-            return self._attempt(operation, begin, sample_clock, restartable=restartable)
-        except WholeCycleRaced as raced:
-            sample = raced.clock_sample
-            try:
-                return self._attempt(
-                    operation, begin, sample_clock, restartable=restartable, clock_sample=sample
-                )
-            except WholeCycleMissed as missed:
-                sample = missed.clock_sample
-        except WholeCycleMissed as missed:
-            sample = missed.clock_sample
-        return self._attempt(
-            operation, begin, sample_clock, restartable=restartable, clock_sample=sample, whole_cycles=False
-        )
 
     def _attempt(
         self,

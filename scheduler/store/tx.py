@@ -23,7 +23,6 @@ from scheduler.schema import tables as t
 from scheduler.store.fastpath import FastPath
 from scheduler.store.restart import RestartTransaction as RestartTransaction  # re-exported
 from scheduler.store.restart import WholeCycleMissed as WholeCycleMissed  # re-exported
-from scheduler.store.restart import WholeCycleRaced as WholeCycleRaced  # re-exported
 from scheduler.store.server_statements import counts_differed
 from scheduler.store.statement_plans import Prepared
 from scheduler.store.write_batch import (
@@ -53,8 +52,9 @@ class PendingWrites(Protocol):
     claim of the first free window candidate (``window_pick.PendingPick``), or a whole quiet
     cycle (``cycle_statement.PendingCycle``)."""
 
-    def missed(self, error: BaseException) -> type[RestartTransaction]:
-        """Raised when the statement's check fails with ``error`` (nothing it sent was applied)."""
+    @property
+    def missed(self) -> type[RestartTransaction]:
+        """Raised when the statement's check fails (nothing it sent was applied)."""
         ...
 
     @property
@@ -333,7 +333,7 @@ class Tx:
             row = done[0][0] if done is not None else self.first(statement, parameters)
         except DBAPIError as error:
             if counts_differed(error):
-                raise pick.missed(error) from error
+                raise pick.missed from error
             raise
         pick.resolve(row)
         self.events.extend(pick.events)

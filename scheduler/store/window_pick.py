@@ -12,8 +12,7 @@ the call's events with the claim's last, and goes out with the ``COMMIT``::
     WITH w0 AS (<each kept write, as write_batch.combined>),
          pick AS MATERIALIZED (SELECT occurrence_id, fence, status FROM occurrences
                                WHERE occurrence_id IN (<candidates>)
-                                 AND occurrence_id IN (<those whose version on the statement's
-                                     snapshot is one of the candidates' versions as read>)
+                                 AND <version> IN (<the candidates' versions as read>)
                                ORDER BY <window position> LIMIT 1
                                FOR UPDATE OF occurrences SKIP LOCKED),
          claim AS (UPDATE occurrences SET status = 'running', attempt = attempt + 1,
@@ -28,19 +27,15 @@ A candidate's version is ``id:fence:status:attempt:available_at:scheduled_for``;
 locked it is the one read, so the claim writes what ``Claims.claim`` of the row as read writes.
 A candidate another transaction holds is passed over (``SKIP LOCKED``); one that changed since the
 window was read fails the version check on the statement's snapshot and is passed over without
-being locked. That check reads the row through a second reference to the table
-(``pick_as_read``), not on the row being locked, as ``claim_locks.LOCK_CANDIDATES`` does: a
-candidate changed by a transaction that committed after the snapshot is locked in its newest
-version and PostgreSQL re-checks the ``WHERE`` clause on it (EvalPlanQual); a check on the locked
-row would then pass it over and keep it locked until this statement's ``COMMIT``, so that its
-owner's next write of it waited, and the store held a lock on a row it did not claim (API §8).
-Checked on the snapshot, such a row is picked as it is now, its claim ``UPDATE`` (which checks the
-version on the row) writes nothing, and the statement misses: its rollback releases the lock.
+being locked; one changed by a transaction that committed after that snapshot is locked in its
+newest version, which then fails the same check (PostgreSQL re-checks the ``WHERE`` clause on the
+row it locked) and is passed over too. Such a row stays locked until this statement's own
+``COMMIT``, in the same round trip: its owner's next write of it waits that long (the separate
+lock statement released it one round trip later, by running the call again).
 
 The statement's check fails it, with its ``COMMIT``, when a kept write missed its row, when the
-picked row changed after the statement's snapshot (above), when the claim ``UPDATE`` found the
-picked row's control, requeue request or job changed (``PLAIN_CLAIM_GUARD``), or when no
-candidate was free while due rows may lie beyond the window
+claim ``UPDATE`` found the picked row's control, requeue request or job changed
+(``PLAIN_CLAIM_GUARD``), or when no candidate was free while due rows may lie beyond the window
 (``claim_plan.ClaimPlan.dry``): the call then runs again (``RestartTransaction``) the way it ran
 before this module. When the window held every due row and none was free, the call settles and
 claims nothing, as ``lock_candidates`` finding none decides.
@@ -95,7 +90,6 @@ MAX_CANDIDATES: Final = 16
 CLAIMED: Final = "occurrence_claimed"
 _WAITING: Final = frozenset({QUEUED, RETRY_WAIT})
 _o = t.occurrences
-_pick_seen = t.occurrences.alias("pick_as_read")
 Prepare = Callable[[StoredRow, bool], tuple[dict[str, Any], dict[str, Any], Occurrence | None]]
 _CLAIM_BINDS: Final = {"p_owner": "claim_owner", "p_expires": "claim_expires", "p_now": "claim_now"}
 
@@ -238,7 +232,8 @@ class PendingPick:
         parameters["may_be_empty"] = 1 if self.may_be_empty else 0
         return statement, parameters
 
-    def missed(self, _error: BaseException) -> type[RestartTransaction]:
+    @property
+    def missed(self) -> type[RestartTransaction]:
         """The call runs again without leaving its claim to the writes statement."""
         return RestartTransaction
 
@@ -277,12 +272,9 @@ def _statement(
     counts = part_counts(kept)
     ids = [bindparam(f"c{index}_id", type_=_o.c.occurrence_id.type) for index in range(candidates)]
     versions = [bindparam(f"c{index}_version", type_=String()) for index in range(candidates)]
-    as_read = select(_pick_seen.c.occurrence_id).where(
-        _pick_seen.c.occurrence_id.in_(ids), version_sql(_pick_seen).in_(versions)
-    )
     pick = (
         select(_o.c.occurrence_id, _o.c.fence, _o.c.status)
-        .where(_o.c.occurrence_id.in_(ids), _o.c.occurrence_id.in_(as_read))
+        .where(_o.c.occurrence_id.in_(ids), version_sql(_o).in_(versions))
         .order_by(case({key: position for position, key in enumerate(ids)}, value=_o.c.occurrence_id))
         .limit(1)
         .with_for_update(skip_locked=True, of=_o)
