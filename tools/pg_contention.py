@@ -6,8 +6,10 @@ Enqueues ``--occurrences`` due rows in a schema of its own (dropped at the end),
 ``--workers`` spawned processes (one store and connection each) that drain the queue with
 ``settle_and_claim``, and prints cycles/s, client and server CPU per cycle (the server must be
 local) and, per cycle, the fast path's statements: all of them, the claim lock statements, the
-``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements, and the calls run again (``restart``: a
-store-owned claim that met a row changed under its lock, ``Tx.restartable``). The figures of
+``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements, the calls run again (``restart``: a
+store-owned claim that met a row changed under its lock, ``Tx.restartable``) and the attempts of
+write calls (``attempts``: 1.00 when no call ran again, whatever the reason, a one-statement
+cycle's miss included). The figures of
 the claim-lock changes in docs/benchmarks.md came from it. (It wraps the fast path's calls,
 adding ~2 µs to each.)
 
@@ -52,6 +54,8 @@ def counted_fast_path(counts: Counter[str]) -> None:
         return run(self, conn, prepared, parameters, **options)
 
     def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
+        if begin == BEGIN_WRITE:
+            counts["attempts"] += 1  # every attempt of a write call: 1.00 per cycle when none ran again
         if not kwargs["restartable"] and begin == BEGIN_WRITE:
             counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
         return attempt(self, operation, begin, sample, **kwargs)
@@ -164,7 +168,7 @@ def main() -> None:
             f"{sum(report[1] for report in reports) / cycles * 1e6:.0f} µs, server CPU {server} µs, "
             + ", ".join(
                 f"{name} {counts[name] / cycles:.2f}"
-                for name in ("statements", "lock", "savepoint", "rollback", "restart")
+                for name in ("statements", "lock", "savepoint", "rollback", "restart", "attempts")
             )
         )
     finally:
