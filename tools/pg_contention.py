@@ -32,7 +32,7 @@ from sqlalchemy.pool import NullPool
 
 from scheduler import open_store
 from scheduler.bench.pg_server import backend_cpu_s, backend_pids, quoted
-from scheduler.bench.pg_workers import worker_engine
+from scheduler.bench.pg_workers import enqueue_batches, worker_engine
 
 AUTHORITY = {"principal": {"type": "service", "id": "pg-contention"}}
 LEASE_MS = 60_000
@@ -56,8 +56,8 @@ def counted_fast_path(counts: Counter[str]) -> None:
     def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
         if begin == BEGIN_WRITE:
             counts["attempts"] += 1  # every attempt of a write call: 1.00 per cycle when none ran again
-        if not kwargs["restartable"] and begin == BEGIN_WRITE:
-            counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
+            if not kwargs["restartable"]:
+                counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
         return attempt(self, operation, begin, sample, **kwargs)
 
     def counting_driver_sql(self: Any, conn: Any, sql: str) -> None:
@@ -96,15 +96,7 @@ def fill(admin: Any, schema: str, occurrences: int) -> None:
     """A store in ``schema`` with ``occurrences`` due rows of one job."""
     with open_store(admin, schema=schema) as store:
         store.create_job(id="job", kind="bench", authority=AUTHORITY)
-        base = int(time.time() * 1000) - 1_000_000_000
-        for start in range(0, occurrences, 500):
-            end = min(occurrences, start + 500)
-            store.enqueue_many(
-                [
-                    {"job_id": "job", "scheduled_for": base + i, "trigger_key": f"t{i}"}
-                    for i in range(start, end)
-                ]
-            )
+        enqueue_batches(store, "t", occurrences, int(time.time() * 1000) - 1_000_000_000, job_id="job")
 
 
 def drop_schemas(admin: Any, schemas: list[str]) -> None:

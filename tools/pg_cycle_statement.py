@@ -28,6 +28,7 @@ from sqlalchemy.pool import NullPool
 
 from scheduler import open_store
 from scheduler.bench.pg_server import backend_cpu_s, quoted
+from scheduler.bench.pg_workers import enqueue_batches
 
 AUTHORITY = {"principal": {"type": "service", "id": "pg-cycle-statement"}}
 LEASE_MS = 36_000_000  # the held lease outlives the measurement
@@ -49,10 +50,7 @@ def recorded_cycle(url: str, schema: str, among_workers: bool) -> tuple[list[str
     store = open_store(engine, schema=schema)
     try:
         store.create_job(id="job", kind="bench", authority=AUTHORITY)
-        base = int(time.time() * 1000) - 1_000_000_000
-        store.enqueue_many(
-            [{"job_id": "job", "scheduled_for": base + i, "trigger_key": f"t{i}"} for i in range(500)]
-        )
+        enqueue_batches(store, "t", 500, int(time.time() * 1000) - 1_000_000_000, job_id="job")
         if among_workers:
             store._claims.stay_among_workers()
         held = store.claim_next(owner_id="w", lease_ms=LEASE_MS)

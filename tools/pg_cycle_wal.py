@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from scheduler import open_store
 from scheduler.bench.pg_server import quoted
+from scheduler.bench.pg_workers import enqueue_batches
 
 AUTHORITY = {"principal": {"type": "service", "id": "pg-cycle-wal"}}
 _BY_RECORD = text(
@@ -41,15 +42,7 @@ def run_cycles(engine: Engine, schema: str, cycles: int) -> tuple[str, str]:
     store = open_store(engine, schema=schema)
     try:
         store.create_job(id="job", kind="wal", authority=AUTHORITY)
-        due = int(time.time() * 1000) - 10 * (cycles + 1)
-        for first in range(0, cycles + 1, 500):
-            last = min(first + 500, cycles + 1)
-            store.enqueue_many(
-                [
-                    {"job_id": "job", "scheduled_for": due + i, "trigger_key": f"t{i}"}
-                    for i in range(first, last)
-                ]
-            )
+        enqueue_batches(store, "t", cycles + 1, int(time.time() * 1000) - 10 * (cycles + 1), job_id="job")
         held = store.claim_next(owner_id="w", lease_ms=60_000)
         with engine.connect() as connection:
             connection.execute(text("CHECKPOINT"))

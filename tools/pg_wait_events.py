@@ -34,10 +34,11 @@ def sample(url: str, prefix: str, seconds: float, interval_s: float) -> tuple[in
     """The number of samples, and the backends seen in each (state, wait type, wait event)."""
     seen: Counter[tuple[str, ...]] = Counter()
     samples = 0
+    pattern = {"prefix": prefix.replace("_", r"\_") + "%"}  # LIKE: "_" is a wildcard
     with psycopg.connect(url, autocommit=True) as connection:
         ends = time.monotonic() + seconds
         while time.monotonic() < ends:
-            rows = connection.execute(_SAMPLE, {"prefix": prefix.replace("_", r"\_") + "%"}).fetchall()
+            rows = connection.execute(_SAMPLE, pattern).fetchall()
             for row in rows:
                 seen[tuple("-" if value is None else str(value) for value in row)] += 1
             samples += 1

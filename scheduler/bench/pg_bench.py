@@ -34,7 +34,7 @@ from sqlalchemy.pool import NullPool
 from scheduler.bench.context import BENCH_AUTHORITY, BENCH_JOB_ID, LEASE_MS
 from scheduler.bench.pg_depth import fill_queue
 from scheduler.bench.pg_server import backend_cpu_s, backend_pids, quoted
-from scheduler.bench.pg_workers import run_workers, worker_engine
+from scheduler.bench.pg_workers import enqueue_batches, run_workers, worker_engine
 
 Progress = Callable[[str], None]
 SINGLE_TARGET: Final = 0.30
@@ -146,14 +146,7 @@ class _Bench:
         self.record("enqueue_per_s", count / (time.perf_counter() - started))
 
     def _queue(self, store: Any, prefix: str, count: int) -> None:
-        base = int(time.time() * 1000) - 1_000_000_000
-        for start in range(0, count, 500):
-            store.enqueue_many(
-                [
-                    {"job_id": BENCH_JOB_ID, "scheduled_for": base + i, "trigger_key": f"{prefix}-{i}"}
-                    for i in range(start, min(count, start + 500))
-                ]
-            )
+        enqueue_batches(store, prefix, count, int(time.time() * 1000) - 1_000_000_000)
 
     def cycles(self, store: Any, prefix: str, one_commit: bool) -> None:
         count = self.config.count(self.config.cycles)

@@ -148,7 +148,7 @@ def _warm_up(store: Any, ready: Any, inboxes: list[Any], run: str, base: int) ->
     cycles a worker ran."""
     done = [0] * len(inboxes)
     for round_index in range(WARM_UP_ROUNDS):
-        _enqueue(store, f"warm{run}_{round_index}", WARM_UP_CYCLES * len(inboxes), base)
+        enqueue_batches(store, f"warm{run}_{round_index}", WARM_UP_CYCLES * len(inboxes), base)
         for inbox in inboxes:
             inbox.put(True)
         done = [total + count for total, count in zip(done, _answers(ready, len(inboxes)), strict=True)]
@@ -159,10 +159,12 @@ def _warm_up(store: Any, ready: Any, inboxes: list[Any], run: str, base: int) ->
     return min(done)
 
 
-def _enqueue(store: Any, prefix: str, count: int, base: int) -> None:
+def enqueue_batches(store: Any, prefix: str, count: int, base: int, job_id: str = BENCH_JOB_ID) -> None:
+    """``count`` occurrences of ``job_id`` scheduled at ``base``, ``base + 1``, … (epoch ms), trigger
+    keys ``<prefix>-<i>``, 500 per ``enqueue_many`` (the bench's queues and the tools' alike)."""
     for start in range(0, count, 500):
         requests = [
-            {"job_id": BENCH_JOB_ID, "scheduled_for": base + i, "trigger_key": f"{prefix}-{i}"}
+            {"job_id": job_id, "scheduled_for": base + i, "trigger_key": f"{prefix}-{i}"}
             for i in range(start, min(count, start + 500))
         ]
         store.enqueue_many(requests)
@@ -193,7 +195,7 @@ def run_workers(
             process.start()
         _answers(ready, workers)  # every store open
         warmed_least = _warm_up(store, ready, inboxes, run, base)
-        _enqueue(store, prefix, occurrences, base)
+        enqueue_batches(store, prefix, occurrences, base)
         vacuumed(engine, schema)
         pids = backend_pids(engine, tag)
         server_before = backend_cpu_s(pids)
