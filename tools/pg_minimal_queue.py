@@ -53,12 +53,20 @@ def fill(url: str, jobs: int) -> None:
         connection.execute(f"VACUUM ANALYZE {TABLE}")
 
 
+def server_cpu_s(pid: int) -> float:
+    """The backend's CPU seconds so far (``backend_cpu_s``); the server must be local."""
+    seconds = backend_cpu_s([pid])
+    if seconds is None:
+        raise SystemExit(f"no /proc/{pid}/stat here: run this tool on the server's machine")
+    return seconds
+
+
 def drain(url: str, go: Any, results: Any) -> None:
     """Cycles until no row is queued; puts (cycles, client CPU s, server CPU s, deadlocks)."""
     with psycopg.connect(url) as connection:
         pid = connection.info.backend_pid
         go.wait()
-        client, server = time.process_time(), backend_cpu_s([pid]) or 0.0
+        client, server = time.process_time(), server_cpu_s(pid)
         previous, cycles, deadlocks = -1, 0, 0
         while True:
             try:
@@ -71,8 +79,7 @@ def drain(url: str, go: Any, results: Any) -> None:
             if row is None:
                 break
             previous, cycles = row[0], cycles + 1
-        server = (backend_cpu_s([pid]) or 0.0) - server
-        results.put((cycles, time.process_time() - client, server, deadlocks))
+        results.put((cycles, time.process_time() - client, server_cpu_s(pid) - server, deadlocks))
 
 
 def run(url: str, workers: int, jobs: int) -> dict[str, float]:
