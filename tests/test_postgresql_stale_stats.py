@@ -213,15 +213,8 @@ def test_the_cycle_in_one_statement_walks_a_bounded_window_of_a_churned_unanalyz
         enqueue(store, CHURNED)
         if among_workers:
             as_among_workers(store)
-        settled = held = store.claim_next(owner_id="w", lease_ms=60_000)
-        for _ in range(CHURN_CYCLES):
-            assert held is not None
-            seen.clear()
-            cycle = store.settle_and_claim(
-                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000
-            )
-            settled, held = held, cycle.claimed
-        assert held is not None and settled is not None and held.fence == settled.fence == 1
+        settled, held = _churn(store, seen)
+        assert held.fence == settled.fence == 1
         (sent, _), *_ = seen
         begin, lead, statement, commit = sent.split("; ")
         assert begin.startswith("BEGIN") and commit == "COMMIT", sent
@@ -234,6 +227,21 @@ def test_the_cycle_in_one_statement_walks_a_bounded_window_of_a_churned_unanalyz
     finally:
         store.close()
         engine.dispose()
+
+
+def _churn(store: SchedulerStore, seen: list[tuple[str, Any]]) -> tuple[Occurrence, Occurrence]:
+    """``CHURN_CYCLES`` successful cycles from a first claim, on the server clock: (the occurrence
+    the last cycle settled, the one it claimed); ``seen`` then holds the last cycle's statements."""
+    settled = held = store.claim_next(owner_id="w", lease_ms=60_000)
+    for _ in range(CHURN_CYCLES):
+        assert held is not None
+        seen.clear()
+        cycle = store.settle_and_claim(
+            occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000
+        )
+        settled, held = held, cycle.claimed
+    assert held is not None and settled is not None
+    return settled, held
 
 
 def _driver(store: SchedulerStore) -> DriverConnection[Any]:
@@ -263,3 +271,49 @@ def _explained_cycle(
         finally:
             driver.rollback()
     return plans
+
+
+def _running_walks(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(index, index condition) of each node that looks running rows up by an index condition
+    on ``status`` or ``lease_expires_at``."""
+    return [
+        (node["Index Name"], node["Index Cond"])
+        for node in plan_nodes(plan)
+        if "Index Name" in node
+        and ("'running'" in node.get("Index Cond", "") or "lease_expires_at" in node.get("Index Cond", ""))
+    ]
+
+
+@pytest.mark.parametrize("among_workers", [False, True], ids=["head", "window-of-heads"])
+def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
+    postgres_server: PostgresServer, pg_schema: str, among_workers: bool
+) -> None:
+    """Statistics taken while no row ran (``ANALYZE`` of a freshly enqueued queue: ``status`` is
+    all ``queued``, ``lease_expires_at`` all NULL) made the planner estimate one running row, and
+    it reached running rows through ``scheduler_occurrences_claim`` (``status, available_at``
+    lead it) twice per cycle: the settle's row (instead of its primary key) and the expired-lease
+    probe (instead of ``scheduler_pg_occurrences_expired``). That walk steps over every running
+    entry, including the dead one each settle leaves behind, which no scan marks dead while its
+    lease lies ahead (the lease is checked in the index), so a cycle grew with the settles of the
+    last lease (``docs/postgresql.md``). Now the settle checks ``status`` on the row it found by
+    key (``dialect.row_check``) and the probe is ordered by lease expiry
+    (``dialect.expiry_order``), which only ``scheduler_pg_occurrences_expired`` yields without a
+    sort (the store's connection plans with ``enable_sort = off``)."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(postgres_server.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    store = open_store(engine, schema=pg_schema)
+    try:
+        enqueue(store, CHURNED)
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'ANALYZE "{pg_schema}".occurrences')
+        if among_workers:
+            as_among_workers(store)
+        settled, held = _churn(store, seen)
+        (sent, _), *_ = seen
+        _, lead, statement, _ = sent.split("; ")
+        for plan in _explained_cycle(store, lead, statement, settled.id, held.id):
+            walks = _running_walks(plan)
+            assert walks and {index for index, _ in walks} == {"scheduler_pg_occurrences_expired"}, walks
+    finally:
+        store.close()
+        engine.dispose()

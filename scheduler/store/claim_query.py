@@ -17,12 +17,14 @@ them by the seed's key in Python, so the chosen occurrence is exactly the seed's
   rows), so 100k due rows of a disabled job or of another kind cost one bounded probe instead
   of a walk over all of them. Only when the eligible jobs themselves hold more rows than that
   does the walk continue past the window (:func:`continued_walk_statement`).
-* ``running`` with ``lease_expires_at <= now`` (the *expired arm*): no index orders running rows
-  by lease expiry, so reading every expired lease would cost a scan of all of them. The arm reads
-  at most :data:`EXPIRED_PROBE` (+ the batch limit) expired leases the call can act on (claim
-  or sweep), in index order; up to that many, the result is exactly the seed's. Beyond it, the
-  oldest-available of them are reclaimed or swept first and the rest on later calls; the sweep
-  still dead-letters at most 100 per claim, as the seed's.
+* ``running`` with ``lease_expires_at <= now`` (the *expired arm*): on SQLite no index orders
+  running rows by lease expiry, so reading every expired lease would cost a scan of all of them.
+  The arm reads at most :data:`EXPIRED_PROBE` (+ the batch limit) expired leases the call can act
+  on (claim or sweep), in index order (``dialect.expiry_order``); up to that many, the result is
+  exactly the seed's. Beyond it, on SQLite the oldest-available of them are reclaimed or swept
+  first and the rest on later calls; on PostgreSQL, whose ``scheduler_pg_occurrences_expired``
+  orders them by lease expiry, the earliest-expired (the seed's order for running rows). The
+  sweep still dead-letters at most 100 per claim, as the seed's.
 
 Every statement is dialect-free Core; each candidate row carries what the claim needs, so a
 backend that must lock a candidate before claiming it can try the candidates one by one.
@@ -58,7 +60,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.dialect import correlated_exists, json_text_field
+from scheduler.store.dialect import correlated_exists, expiry_order, json_text_field
 from scheduler.store.statement_plans import Prepared
 
 SWEEP_LIMIT: Final = 100
@@ -260,13 +262,16 @@ def _window_marker(marker: str) -> Select[Any]:
 
 
 def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Select[Any]:
-    """Up to ``:expired_limit`` expired leases the call can act on, in index order."""
+    """Up to ``:expired_limit`` expired leases the call can act on, in index order
+    (:class:`~scheduler.store.dialect.expiry_order`: lease expiry on PostgreSQL, the claim
+    index's order on SQLite)."""
     return (
         select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION))
         .select_from(_WITH_CONTROL)
         .where(
             o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"), actionable
         )
+        .order_by(expiry_order(o))
         .limit(_count("expired_limit"))
     )
 

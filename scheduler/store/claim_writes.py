@@ -19,7 +19,7 @@ from scheduler.schema import tables as t
 from scheduler.store.claim_locks import LockedAsProbed
 from scheduler.store.claim_plan import keeps_attempt
 from scheduler.store.claim_query import PAUSE_REQUESTED, PLAIN_CLAIM_GUARD, RESUMED
-from scheduler.store.dialect import greatest
+from scheduler.store.dialect import greatest, row_check
 from scheduler.store.occurrence_rows import EventLog, occurrence_record
 from scheduler.store.records import Occurrence
 from scheduler.store.settlement import APPLY_ADJUDICATION, SETTLE_RESERVATION
@@ -36,7 +36,7 @@ _SWEEP_OUTCOME_JSON: Final = canonical_json({"status": DEAD_LETTER, "error": LEA
 _o = t.occurrences
 _leased = and_(
     _o.c.occurrence_id == bindparam("p_id"),
-    _o.c.status == RUNNING,
+    row_check(_o.c.status == RUNNING),
     _o.c.lease_owner == bindparam("p_owner"),
     _o.c.fence == bindparam("p_fence"),
 )

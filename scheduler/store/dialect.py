@@ -15,7 +15,11 @@ hold each backend's runtime pieces (begin statements, failure classification, cl
 * :class:`server_clock_ms` — the server's clock in epoch ms, :class:`server_instant` — the
   server's clock as a timestamp, and :class:`micros_since`, the µs since such an instant
   (PostgreSQL only: SQLite's store samples its clock in Python);
-* :class:`row_version` — the version of a row the statement read (PostgreSQL only).
+* :class:`row_version` — the version of a row the statement read (PostgreSQL only);
+* :class:`expiry_order` — the order an expired-lease probe reads its rows in (PostgreSQL: lease
+  expiry, from ``scheduler_pg_occurrences_expired``; SQLite: the claim index's own order);
+* :class:`row_check` — a condition checked on a row found by its primary key, never an index
+  condition (PostgreSQL: ``(…) IS TRUE``).
 
 Row locks need no construct: ``Select.with_for_update(skip_locked=…)`` renders ``FOR UPDATE …``
 on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serializes writers.
@@ -24,7 +28,7 @@ on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serialize
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from sqlalchemy import BigInteger, Boolean, Connection, String, Table
 from sqlalchemy.exc import CompileError
@@ -149,6 +153,72 @@ class row_version(ColumnElement[str]):
 
     def __init__(self, table: Any) -> None:
         self.table = table
+
+
+class expiry_order(ColumnElement[Any]):
+    """The ``ORDER BY`` of a probe of running rows whose lease expired (``status = 'running' AND
+    lease_expires_at <= now … LIMIT n``) over ``table`` (``occurrences`` or an alias of it).
+
+    SQLite renders the order its ``scheduler_occurrences_claim`` walk yields anyway (available_at,
+    lease_expires_at, scheduled_for, occurrence_id: no sort, the probe still stops at its limit).
+    PostgreSQL renders ``lease_expires_at, occurrence_id``, the order of the PostgreSQL-only
+    ``scheduler_pg_occurrences_expired``, so that (with sorts disabled on the store's connection,
+    ``opening_postgresql.PLANNER_SQL``) the planner reads that index whatever the statistics say.
+    """
+
+    __visit_name__ = "scheduler_expiry_order"
+    inherit_cache = True
+    _traverse_internals: _TraverseInternalsType = [  # noqa: RUF012 - SQLAlchemy's declaration
+        ("table", InternalTraversal.dp_clauseelement),
+    ]
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+
+def render_order(compiler: SQLCompiler, table: Any, names: tuple[str, ...], **kw: Any) -> str:
+    """``table.a, table.b, …`` as ``compiler`` renders those columns."""
+    return ", ".join(compiler.process(table.c[name], **kw) for name in names)
+
+
+CLAIM_INDEX_ORDER: Final = ("available_at", "lease_expires_at", "scheduled_for", "occurrence_id")
+
+
+@compiles(expiry_order)
+def _expiry_in_claim_index_order(element: expiry_order, compiler: SQLCompiler, **kw: Any) -> str:
+    return render_order(compiler, element.table, CLAIM_INDEX_ORDER, **kw)
+
+
+class row_check(ColumnElement[bool]):
+    """``condition``, checked on each row the statement's other conditions find (by primary key)
+    and never used to choose an index.
+
+    The by-key writes of a held lease (settle, renew, park) also require ``status = 'running'``.
+    With statistics taken while no row ran, PostgreSQL estimated one running row and looked the
+    row up through ``scheduler_occurrences_claim`` (``status`` leads it) instead of the primary
+    key: a walk over every running entry, the dead ones each settle leaves behind included (the
+    lease checked in the index lies ahead, so no scan marks them dead), growing with the settles
+    of the last lease. PostgreSQL renders ``(condition) IS TRUE``, the same filter, which no
+    index matches; SQLite, which looks a key up by its primary key anyway, the condition itself.
+    """
+
+    __visit_name__ = "scheduler_row_check"
+    inherit_cache = True
+    _traverse_internals: _TraverseInternalsType = [  # noqa: RUF012 - SQLAlchemy's declaration
+        ("condition", InternalTraversal.dp_clauseelement),
+    ]
+    type = Boolean()
+
+    def __init__(self, condition: ColumnElement[bool]) -> None:
+        self.condition = condition
+
+    def self_group(self, against: Any = None) -> ColumnElement[Any]:
+        return self  # a condition already, not a boolean value to compare with 1 on SQLite
+
+
+@compiles(row_check)
+def _row_check_as_condition(element: row_check, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.process(element.condition, **kw))
 
 
 class server_clock_ms(FunctionElement[int]):

@@ -41,6 +41,7 @@ from scheduler.store.authority import (
     lock_occurrence_row,
     occurrence_not_found,
 )
+from scheduler.store.dialect import row_check
 from scheduler.store.records import ControlResult, OccurrenceControl, RuntimeControlOccurrence
 from scheduler.store.requeue import RequeueOperations
 from scheduler.store.runtime_reads import (
@@ -273,7 +274,7 @@ def _park_occurrence(tx: Tx, occurrence_id: str, ack: dict[str, Any]) -> None:
         update(o)
         .where(
             o.c.occurrence_id == occurrence_id,
-            o.c.status == RUNNING,
+            row_check(o.c.status == RUNNING),
             o.c.lease_owner == ack["owner_id"],
             o.c.fence == ack["fence"],
             o.c.lease_expires_at > tx.now,

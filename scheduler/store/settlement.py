@@ -18,7 +18,7 @@ from scheduler.contract.scalars import (
 )
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
-from scheduler.store.dialect import server_clock_ms
+from scheduler.store.dialect import row_check, server_clock_ms
 from scheduler.store.occurrence_rows import (
     EventLog,
     chunks,
@@ -106,7 +106,7 @@ def _settle_update(*, guarded: bool) -> Any:
         .where(
             and_(
                 _o.c.occurrence_id == bindparam("p_id"),
-                _o.c.status == RUNNING,
+                row_check(_o.c.status == RUNNING),
                 _o.c.lease_owner == bindparam("p_owner"),
                 _o.c.fence == bindparam("p_fence"),
                 _o.c.lease_expires_at > bindparam("p_now"),

@@ -20,10 +20,13 @@ from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.dialect import (
     correlated_exists,
+    expiry_order,
     glob_match,
     greatest,
     json_text_field,
     micros_since,
+    render_order,
+    row_check,
     row_version,
     server_clock_ms,
     server_instant,
@@ -108,6 +111,18 @@ _SERVER_CLOCK_MS: Final = "floor(extract(epoch FROM clock_timestamp()) * 1000)::
 @compiles(server_clock_ms, "postgresql")
 def _server_clock_ms(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any) -> str:
     return _SERVER_CLOCK_MS
+
+
+@compiles(expiry_order, "postgresql")
+def _expiry_order(element: expiry_order, compiler: SQLCompiler, **kw: Any) -> str:
+    """Lease expiry first: ``scheduler_pg_occurrences_expired``'s order, which only that index
+    yields without a sort (the seed's own order for running rows)."""
+    return render_order(compiler, element.table, ("lease_expires_at", "occurrence_id"), **kw)
+
+
+@compiles(row_check, "postgresql")
+def _row_check(element: row_check, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"({compiler.process(element.condition, **kw)}) IS TRUE"
 
 
 @compiles(row_version, "postgresql")
