@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from backends import PostgresServer, unique_name
-from sqlalchemy import bindparam, create_engine, event, literal_column, select
+from sqlalchemy import Engine, bindparam, create_engine, event, literal_column, select
 from sqlalchemy.engine import URL
 from test_fastpath import AUTHORITY, T0, Clock, workload
 
@@ -127,9 +127,8 @@ def test_named_statements_give_the_same_results_and_tables_as_sqlalchemy(
     assert len(prepared & used) >= 10, (prepared, used)
 
 
-def test_the_hot_paths_run_on_one_reused_cursor(
-    postgres_server: PostgresServer, pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def counted_cursors(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every psycopg cursor opened from now on (by any connection of the process)."""
     cursors: list[int] = []
     opened = psycopg.Connection.cursor
 
@@ -139,17 +138,70 @@ def test_the_hot_paths_run_on_one_reused_cursor(
         return made
 
     monkeypatch.setattr(psycopg.Connection, "cursor", cursor)
+    return cursors
+
+
+def queued_store(engine: Engine, schema: str, count: int) -> SchedulerStore:
+    """A store on ``engine`` (clock ``T0``) with job ``a`` and ``count`` occurrences due at ``T0``."""
+    store = open_store(engine, schema=schema, clock=lambda: T0)
+    store.create_job(id="a", kind="agenda", authority=AUTHORITY)
+    for n in range(count):
+        store.enqueue_occurrence(job_id="a", scheduled_for=T0, trigger_key=f"k{n}")
+    return store
+
+
+def test_the_hot_paths_run_on_one_reused_cursor(
+    postgres_server: PostgresServer, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cursors = counted_cursors(monkeypatch)
     engine = create_engine(postgres_server.url)
-    store = open_store(engine, schema=pg_schema, clock=lambda: T0)
+    store = queued_store(engine, pg_schema, 5)
     try:
-        store.create_job(id="a", kind="agenda", authority=AUTHORITY)
-        for n in range(5):
-            store.enqueue_occurrence(job_id="a", scheduled_for=T0, trigger_key=f"k{n}")
         cursors.clear()
         held = cycles(store, 4)
         assert held is not None
         store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
         assert cursors == []  # ~50 statements, not one new cursor
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_a_cycle_run_again_rolls_back_on_the_reused_cursor(
+    postgres_server: PostgresServer, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-statement cycle misses when another transaction holds the head it would claim (a
+    machine busy enough to delay its lock past ``cycle_read.MAX_WAIT_US`` misses it too): the
+    call's transaction is rolled back past psycopg's prepared statements
+    (``FastPath.rollback_keeping_prepared``) and the call runs again, still on the one cursor."""
+    cursors = counted_cursors(monkeypatch)
+    rollbacks: list[bool] = []
+    rollback = FastPath.rollback_keeping_prepared
+
+    def counted(self: FastPath, conn: Any) -> bool:
+        rollbacks.append(rollback(self, conn))
+        return rollbacks[-1]
+
+    monkeypatch.setattr(FastPath, "rollback_keeping_prepared", counted)
+    engine = create_engine(postgres_server.url)
+    store = queued_store(engine, pg_schema, 8)
+    try:
+        held = cycles(store, 3)
+        assert held is not None
+        with postgres_server.engine.connect() as other:
+            head = other.exec_driver_sql(
+                f"SELECT occurrence_id FROM \"{pg_schema}\".occurrences WHERE status = 'queued' "
+                "ORDER BY available_at, scheduled_for, occurrence_id LIMIT 1 FOR UPDATE"
+            ).scalar_one()
+            cursors.clear()
+            rollbacks.clear()
+            done = store.settle_and_claim(
+                occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000
+            )
+            assert done.claimed is not None and done.claimed.id != head
+            assert rollbacks == [True]
+            assert cursors == []
+            other.rollback()
     finally:
         store.close()
         engine.dispose()

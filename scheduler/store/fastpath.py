@@ -260,14 +260,20 @@ class FastPath:
     def _failed(
         self, conn: Connection, error: BaseException, sql: str, arguments: Any, cursor: Any
     ) -> NoReturn:
-        """SQLAlchemy's handling of a driver error (wrapping, events, invalidation); it raises."""
-        self._cursor = None  # the handler closes the cursor
+        """SQLAlchemy's handling of a driver error (wrapping, events, invalidation); it raises.
+
+        The handler is not given the cursor, which it would close: the store's one cursor stays
+        usable after an error (a ``ROLLBACK`` and the call run again go through it), and after an
+        invalidation the connection is a new one, for which :meth:`usable` opens a new cursor."""
+        if cursor is not self._cursor:
+            with suppress(Exception):
+                cursor.close()  # a cursor of its own (``run_driver_sql`` before the first use)
         if not conn.in_transaction():
             # A driver transaction the Connection did not begin (``OwnedRunner``): joined, so
             # the handler does not roll it back behind the store's back (its "autorollback").
             with suppress(Exception):
                 conn.begin()
-        conn._handle_dbapi_exception(error, sql, arguments, cursor, None)
+        conn._handle_dbapi_exception(error, sql, arguments, None, None)
 
     def run_driver_sql(self, conn: Connection, sql: str) -> None:
         """``conn.exec_driver_sql(sql)`` for a statement without parameters or rows (``BEGIN …``,
@@ -319,13 +325,15 @@ class FastPath:
             return False
         threshold = driver.prepare_threshold
         dbapi: Any = conn.connection.dbapi_connection  # SQLAlchemy's adapter on async psycopg
+        reused = self._cursor is not None and dbapi is self._dbapi
         try:
             driver.prepare_threshold = None
-            cursor = dbapi.cursor()
+            cursor = self._cursor if reused else dbapi.cursor()
             try:
                 cursor.execute("ROLLBACK")
             finally:
-                cursor.close()
+                if not reused:
+                    cursor.close()
             return True
         except Exception:  # the connection is gone or unusable: the caller's rollback handles it
             return False
