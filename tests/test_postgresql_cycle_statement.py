@@ -291,6 +291,34 @@ def test_a_head_another_transaction_holds_is_passed_over_as_before(postgres_serv
     assert cycles == 1 and attempts == [(True, True), (True, False)] and done_without[2] == [(True, True)]
 
 
+def test_a_requeued_dead_letter_at_the_head_is_claimed_as_before(postgres_server: PostgresServer) -> None:
+    """The head is a dead letter requeued (its pending requeue request makes it not plain: its
+    claim keeps the attempt and consumes the request). The statement, which reads only whether a
+    request is pending, must not claim it as a plain row: it misses, and the call claims it the
+    usual way, consuming the request."""
+    error = {"code": "E_BROKEN", "message": "broken"}
+
+    def scenario(run: Run) -> Any:
+        other = run.store.claim_next(owner_id="v", lease_ms=LEASE)
+        assert other is not None and other.id == run.made[1]
+        run.store.settle(
+            occurrence_id=other.id, owner_id="v", fence=1, outcome="failed", retryable=False, error=error
+        )
+        run.store.requeue_dead_letter(
+            occurrence_id=other.id, expected_fence=1, expected_error_code=error["code"], request_id="rq-1"
+        )
+        return run.made, cycle(run.store, run.made[0], 1)
+
+    # Two occurrences: once made[0] is settled, the requeued made[1] is the only due row, the head.
+    (done, cycles, tables), (done_without, _, tables_without) = both_ways(postgres_server, 2, scenario)
+    assert done == done_without and tables == tables_without
+    made, (_settled, claimed) = done
+    assert claimed is not None and claimed.id == made[1] and claimed.attempt == 1 and claimed.fence == 2
+    assert cycles == 1
+    (request,) = tables["scheduler_occurrence_retries"]
+    assert request["request_id"] == "rq-1" and request["claimed_at"] is not None
+
+
 def test_a_disabled_job_leaves_its_head_unclaimed_as_before(postgres_server: PostgresServer) -> None:
     def scenario(run: Run) -> Any:
         job = run.store.get_job("job-1")

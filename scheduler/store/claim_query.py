@@ -199,7 +199,40 @@ def job_filter(shape: Shape) -> ColumnElement[bool]:
 # ------------------------------------------------------------------------------------ arms
 
 
-def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[Any]) -> list[Any]:
+_ONE: Final[ColumnElement[int]] = literal_column("1")
+"""``LIMIT 1`` written into the SQL (a plain ``.limit(1)`` is sent as a parameter)."""
+
+
+SLIM_COLUMNS: Final = (
+    "occurrence_id",
+    "status",
+    "attempt",
+    "max_attempts",
+    "fence",
+    "available_at",
+    "scheduled_for",
+)
+"""The occurrence columns of a slim probe (``slim=True``): what a statement that claims in SQL
+reads of its heads (their place in the seed's order, :func:`plain_sql` and ``version_sql``)."""
+
+_ANY_RETRY_REQUEST: Final = (
+    select(_r.c.request_id).where(_pending_retry(_r)).correlate_except(_r).limit(_ONE).scalar_subquery()
+)
+"""A pending requeue request of the row, if any (which one is not decided: NULL or not is what a
+slim probe's :func:`plain_sql` reads)."""
+
+
+def _columns(
+    arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[Any], slim: bool = False
+) -> list[Any]:
+    if slim:
+        return [
+            literal_column(f"'{arm}'").label("arm"),
+            *[o.c[name] for name in SLIM_COLUMNS],
+            _c.c.state.label("control_state"),
+            _ANY_RETRY_REQUEST.label("retry_request_id"),
+            job_ok.label("job_ok"),
+        ]
     return [
         literal_column(f"'{arm}'").label("arm"),
         *o.c,
@@ -209,10 +242,6 @@ def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[A
         job_ok.label("job_ok"),
         adjudication.label("adjudication_request_id"),
     ]
-
-
-_ONE: Final[ColumnElement[int]] = literal_column("1")
-"""``LIMIT 1`` written into the SQL (a plain ``.limit(1)`` is sent as a parameter)."""
 
 
 def _count(name: str) -> Any:
@@ -261,12 +290,12 @@ def _window_marker(marker: str) -> Select[Any]:
     return select(literal_column(f"'{marker}'").label("arm"), *occurrence, *[null()] * 5)
 
 
-def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Select[Any]:
+def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool], slim: bool = False) -> Select[Any]:
     """Up to ``:expired_limit`` expired leases the call can act on, in index order
     (:class:`~scheduler.store.dialect.expiry_order`: lease expiry on PostgreSQL, the claim
     index's order on SQLite)."""
     return (
-        select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION))
+        select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION, slim))
         .select_from(_WITH_CONTROL)
         .where(
             o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"), actionable
@@ -286,7 +315,7 @@ def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
     return union_all(*arms, select(expired.subquery("expired")), *map(_window_marker, WINDOW_MARKERS))
 
 
-def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
+def _due_head(arm: str, jobs: ColumnElement[Any], heads: int, slim: bool = False) -> Select[Any]:
     """The first ``heads`` due index entries of a waiting status, eligible or not (their checks
     as columns).
 
@@ -298,31 +327,32 @@ def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
     due = (o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
     if heads == 1:
         return (
-            select(*_columns(arm, jobs, null()))
+            select(*_columns(arm, jobs, null(), slim))
             .select_from(_WITH_CONTROL)
             .where(*due)
             .order_by(*_claim_order(o))
             .limit(_ONE)
         )
     first = (
-        select(o)
+        (select(*[o.c[name] for name in SLIM_COLUMNS], o.c.job_id) if slim else select(o))
         .where(*due)
         .order_by(*_claim_order(o))
         .limit(literal_column(str(heads)))
         .subquery(f"first_{DUE_ARMS[arm]}")
     )
     adapter = ClauseAdapter(first)
-    columns = [adapter.traverse(column) for column in _columns(arm, jobs, null())]
+    columns = [adapter.traverse(column) for column in _columns(arm, jobs, null(), slim)]
     return select(*columns).select_from(first.outerjoin(_c, _c.c.occurrence_id == first.c.occurrence_id))
 
 
-def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
+def _build_head_probe(shape: Shape, heads: int = 1, slim: bool = False) -> CompoundSelect[Any]:
     jobs = job_filter(shape)
     untyped = type_coerce(jobs, NullType())  # job_ok as the driver returns it (as in _build_claim_next)
     arms: list[Any] = [
-        select(_due_head(arm, untyped, heads).subquery(f"head_{status}")) for arm, status in DUE_ARMS.items()
+        select(_due_head(arm, untyped, heads, slim).subquery(f"head_{status}"))
+        for arm, status in DUE_ARMS.items()
     ]
-    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
+    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)), slim)
     return union_all(*arms, select(expired.subquery("expired")))
 
 
@@ -336,6 +366,11 @@ def plain_sql(probe: Any) -> ColumnElement[bool]:
         probe.c.retry_request_id.is_(None),
         probe.c.attempt < probe.c.max_attempts,
     )
+
+
+def locked_key_columns(table: Any) -> list[Any]:
+    """The columns of a locked head a claim in SQL reads: its key, fence and status."""
+    return [table.c.occurrence_id, table.c.fence, table.c.status]
 
 
 LOCKED_PREFIX: Final = "locked_"
@@ -358,10 +393,11 @@ def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
     return replace_binds(statement, lambda element: now if element.key == "now" else None)
 
 
-def build_head_window(shape: Shape, now: ColumnElement[Any]) -> CompoundSelect[Any]:
+def build_head_window(shape: Shape, now: ColumnElement[Any], slim: bool = False) -> CompoundSelect[Any]:
     """The first :data:`HEAD_WINDOW` due entries of each waiting status and at most one expired
-    lease (:func:`head_window_prepared`'s rows), with ``now`` in place of the bind ``:now``."""
-    window: CompoundSelect[Any] = _with_now(_build_head_probe(shape, HEAD_WINDOW), now)
+    lease (:func:`head_window_prepared`'s rows), with ``now`` in place of the bind ``:now``;
+    ``slim``: only the columns of :data:`SLIM_COLUMNS` and :func:`plain_sql`."""
+    window: CompoundSelect[Any] = _with_now(_build_head_probe(shape, HEAD_WINDOW, slim), now)
     return window
 
 
@@ -379,13 +415,18 @@ class HeadLock:
 
 
 def head_probe_and_lock(
-    shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
+    shape: Shape,
+    now: ColumnElement[Any] | None = None,
+    lock_if: ColumnElement[bool] | None = None,
+    slim: bool = False,
 ) -> HeadLock:
     """The head probe and the head locked ``FOR UPDATE SKIP LOCKED`` when nothing expired is to be
     acted on and the head is :func:`plain_sql` (what the probe's reader would then lock next), as
     CTEs. ``now``: an expression for the call's time in place of the bind ``:now``; ``lock_if``:
     a further condition for locking the head."""
-    heads = _build_head_probe(shape) if now is None else _with_now(_build_head_probe(shape), now)
+    heads = _build_head_probe(shape, slim=slim)
+    if now is not None:
+        heads = _with_now(heads, now)
     probe = heads.cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     head = (
@@ -400,7 +441,7 @@ def head_probe_and_lock(
     )
     occurrences = t.occurrences
     locked = (
-        select(*occurrences.c)
+        select(*(locked_key_columns(occurrences) if slim else occurrences.c))
         .select_from(occurrences.join(head, occurrences.c.occurrence_id == head.c.occurrence_id))
         .where(head.c.plain if lock_if is None else and_(head.c.plain, lock_if))
         .with_for_update(of=occurrences, skip_locked=True)

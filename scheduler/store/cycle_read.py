@@ -102,13 +102,30 @@ class SettledLock:
     version_as_read: Any
 
 
-def settled_lock(server_clock: bool) -> SettledLock:
+_SLIM_CURRENT: Final = (
+    "occurrence_id",
+    "status",
+    "lease_owner",
+    "fence",
+    "lease_expires_at",
+    "control_state",
+    "reservation_status",
+    "adjudication_status",
+)
+"""The columns of the settled row ``cycle_statement`` reads (it writes the rest from the row itself)."""
+
+
+def settled_lock(server_clock: bool, slim: bool = False) -> SettledLock:
     """The settled row (bind ``p_id``) locked, then the clock read (the server's, else the bind
-    ``now``): the first steps of this statement and of ``cycle_statement``'s."""
+    ``now``): the first steps of this statement and of ``cycle_statement``'s (``slim``: with only
+    the columns of :data:`_SLIM_CURRENT` and ``row_version``)."""
     started = select(server_instant().label("at")).cte("cycle_started").prefix_with("MATERIALIZED")
     started_at = select(started.c.at).scalar_subquery()
+    rows = CURRENT_ROWS
+    if slim:
+        rows = rows.with_only_columns(*[rows.selected_columns[name] for name in _SLIM_CURRENT])
     current = (
-        CURRENT_ROWS.add_columns(row_version(_o).label("row_version"))
+        rows.add_columns(row_version(_o).label("row_version"))
         .where(_o.c.occurrence_id == bindparam("p_id"), started_at.is_not(None))
         .with_for_update(of=_o)
         .cte("locked_current")

@@ -87,6 +87,7 @@ from scheduler.store.claim_query import (
     build_head_window,
     head_probe_and_lock,
     head_probe_params,
+    locked_key_columns,
     plain_sql,
     replace_binds,
 )
@@ -146,7 +147,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
     when an expired lease is to be acted on. A candidate another transaction holds is passed over,
     and so is one changed since the snapshot: PostgreSQL checks the version again on the row it
     locks, and ``LIMIT 1`` then takes the next."""
-    probe = build_head_window(shape, now).cte("probe").prefix_with("MATERIALIZED")
+    probe = build_head_window(shape, now, slim=True).cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     key = (probe.c.available_at, probe.c.scheduled_for, probe.c.occurrence_id)
     ranked = (
@@ -175,7 +176,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
     ).scalar_subquery()
     occurrences = t.occurrences
     locked = (
-        select(*occurrences.c, ranked.c.position)
+        select(*locked_key_columns(occurrences), ranked.c.position)
         .select_from(occurrences.join(ranked, occurrences.c.occurrence_id == ranked.c.occurrence_id))
         .where(
             ranked.c.plain,
@@ -239,14 +240,14 @@ def settled_data_json(attempt: int, max_attempts: int) -> str:
 
 
 def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool, window: bool) -> Prepared:
-    lock = settled_lock(server_clock)
+    lock = settled_lock(server_clock, slim=True)
     now = lock.now
     expires = now + bindparam("p_lease", type_=BigInteger())
     if window:
         heads = _window_and_lock(shape, now, lock.lease_held)
         position: Any = select(heads.locked.c.position).scalar_subquery()
     else:
-        heads = head_probe_and_lock(shape, now=now, lock_if=lock.lease_held)
+        heads = head_probe_and_lock(shape, now=now, lock_if=lock.lease_held, slim=True)
         position = literal_column("1")
     settled = _succeeded(lock)
     claimed = _claimed(claim(), heads.probe, heads.locked, now, expires)
