@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from scheduler.bench.context import BENCH_JOB_ID
 from scheduler.bench.pg_bench import PgBenchConfig, markdown, run_pg_bench
-from scheduler.bench.pg_workers import WARM_UP_CYCLES, run_workers
+from scheduler.bench.pg_workers import WARM_UP_CYCLES, WARM_UP_MIN_ROUNDS, WARM_UP_ROUNDS, run_workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,6 +71,8 @@ def test_every_worker_run_settled_each_occurrence_exactly_once(result: dict[str,
         assert run["settled_exactly_once"] == run["claimed_once"] == run["occurrences"] == 40
         assert run["cycles"] == 40  # the warm-up cycles are not counted
         assert run["warmed_least"] >= WARM_UP_CYCLES  # every worker was warmed up
+        # ... over rounds enough that the run's first claim met the state a round leaves
+        assert WARM_UP_MIN_ROUNDS <= run["warm_up_rounds"] <= WARM_UP_ROUNDS
     assert result["targets"]["every_occurrence_settled_exactly_once"]["met"] is True
 
 

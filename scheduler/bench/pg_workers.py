@@ -3,9 +3,13 @@
 The parent starts ``N`` spawned processes (each opens its own store and connection, tagged
 ``application_name = bench_worker_<run>``) and warms them up: it enqueues
 :data:`WARM_UP_CYCLES` occurrences per worker and has every worker drain the queue, round after
-round, until each ran that many cycles (not counted). A worker's first calls compile and prepare
-the store's statements (milliseconds each), a cost a long-running worker pays once, which would
-otherwise weigh N times as much per measured cycle in a run of N workers. Then the parent
+round, until each ran that many cycles and at least :data:`WARM_UP_MIN_ROUNDS` rounds ran (not
+counted). A worker's first calls compile and prepare the store's statements (milliseconds each),
+a cost a long-running worker pays once, which would otherwise weigh N times as much per measured
+cycle in a run of N workers. Which statements a claim uses depends on what the worker's earlier
+claims met (``claim_locks.ClaimContention``): a round's first claim, among workers, is the one the
+previous round's contention chose, so the measured run's first claim is warmed only by a round
+that began as it will. Then the parent
 enqueues the run's occurrences, runs ``VACUUM (ANALYZE)`` on ``occurrences`` as autovacuum would
 (without it, a server without autovacuum has each run read the dead index entries of every run
 before it, at the same keys), reads the server backends' CPU time, releases the workers
@@ -37,6 +41,12 @@ MAX_RETRIES: Final = 1000
 WARM_UP_CYCLES: Final = 20
 """Cycles each worker runs before it is measured (its statements compiled, prepared and planned)."""
 WARM_UP_ROUNDS: Final = 10
+WARM_UP_MIN_ROUNDS: Final = 3
+"""Warm-up rounds run at least, so that each worker's first claim of a round has run in the state
+a round leaves (quiet, or among workers) before the measured run's first claim does. With one
+round (2026-12-05), each run of four workers compiled the claim it makes among workers (~25 ms of
+client CPU, and its planning on the server) in its measured part: ~100 µs per measured cycle of a
+1,000-occurrence run, which runs of one worker (always quiet) did not pay."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +63,7 @@ class WorkerRun:
     settled_exactly_once: int
     claimed_once: int
     warmed_least: int = 0
+    warm_up_rounds: int = 0
     """The fewest warm-up cycles a worker ran before the measured run."""
 
     @property
@@ -142,21 +153,23 @@ def _answers(ready: Any, workers: int) -> list[int]:
     return counts
 
 
-def _warm_up(store: Any, ready: Any, inboxes: list[Any], run: str, base: int) -> int:
+def _warm_up(store: Any, ready: Any, inboxes: list[Any], run: str, base: int) -> tuple[int, int]:
     """Warm-up rounds until every worker ran :data:`WARM_UP_CYCLES` cycles (a worker that started
-    late may find a round's rows taken by the others), at most :data:`WARM_UP_ROUNDS`; the fewest
-    cycles a worker ran."""
+    late may find a round's rows taken by the others) and :data:`WARM_UP_MIN_ROUNDS` rounds ran, at
+    most :data:`WARM_UP_ROUNDS`; the fewest cycles a worker ran, and the rounds."""
     done = [0] * len(inboxes)
+    rounds = 0
     for round_index in range(WARM_UP_ROUNDS):
+        rounds = round_index + 1
         enqueue_batches(store, f"warm{run}_{round_index}", WARM_UP_CYCLES * len(inboxes), base)
         for inbox in inboxes:
             inbox.put(True)
         done = [total + count for total, count in zip(done, _answers(ready, len(inboxes)), strict=True)]
-        if min(done) >= WARM_UP_CYCLES:
+        if min(done) >= WARM_UP_CYCLES and rounds >= WARM_UP_MIN_ROUNDS:
             break
     for inbox in inboxes:
         inbox.put(False)
-    return min(done)
+    return min(done), rounds
 
 
 def enqueue_batches(store: Any, prefix: str, count: int, base: int, job_id: str = BENCH_JOB_ID) -> None:
@@ -194,7 +207,7 @@ def run_workers(
         for process in processes:
             process.start()
         _answers(ready, workers)  # every store open
-        warmed_least = _warm_up(store, ready, inboxes, run, base)
+        warmed_least, warm_up_rounds = _warm_up(store, ready, inboxes, run, base)
         enqueue_batches(store, prefix, occurrences, base)
         vacuumed(engine, schema)
         pids = backend_pids(engine, tag)
@@ -226,6 +239,7 @@ def run_workers(
         settled_exactly_once=settled,
         claimed_once=claimed,
         warmed_least=warmed_least,
+        warm_up_rounds=warm_up_rounds,
     )
 
 
