@@ -40,6 +40,10 @@ class Child:
         self.ready = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        # stderr is drained as it comes, so a child that logs much never blocks on a full pipe
+        self._stderr: list[bytes] = []
+        self.stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.stderr_reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -51,10 +55,26 @@ class Child:
             if "ready" in record or "imported" in record:
                 self.ready.set()
 
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):  # type: ignore[union-attr]
+            self._stderr.append(chunk)
+
+    def became_ready(self, timeout: float) -> bool:
+        """Whether the child said it is ready within ``timeout`` s; ``False`` at once if it exited
+        first (its own failure is then what :meth:`fatal` reports)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.reader.join(timeout=5)
+                return self.ready.is_set()
+        return True
+
     def kill(self) -> int:
         self.proc.kill()
         code = self.proc.wait(timeout=30)
         self.reader.join(timeout=30)
+        self.stderr_reader.join(timeout=30)
         return code
 
     def fatal(self) -> str | None:
@@ -62,8 +82,8 @@ class Child:
         if messages:
             return messages[0]
         if self.proc.poll() not in (None, 0, -9):
-            assert self.proc.stderr is not None
-            return self.proc.stderr.read().decode(errors="replace")
+            self.stderr_reader.join(timeout=30)
+            return b"".join(self._stderr).decode(errors="replace")
         return None
 
 
@@ -169,7 +189,8 @@ def test_sigkill_during_random_writes(tmp_path: Path, scale: Any, seed: int, fig
         if rng.random() < 0.15:  # also kill during interpreter start-up and open_store
             time.sleep(rng.uniform(0.0, 0.6))
         else:
-            assert child.ready.wait(60), "crash child never became ready"
+            if not child.became_ready(120):
+                raise AssertionError(f"crash child never became ready: {child.fatal()}")
             time.sleep(rng.uniform(0.0, 0.35))
         landed_after_ready = child.ready.is_set()
         problem = child.fatal()
@@ -229,7 +250,8 @@ def test_sigkill_during_upgrade(tmp_path: Path, scale: Any, seed: int, figures: 
         path.parent.mkdir(mode=0o700)
         copy_reference(path.parent, 1, path.name)
         child = Child(workloads.command("open", path))
-        assert child.ready.wait(60), "open child never started"
+        if not child.became_ready(120):
+            raise AssertionError(f"open child never started: {child.fatal()}")
         if attempt == 0:  # not killed: measures how long the upgrade takes in the child
             assert child.proc.wait(timeout=60) == 0
             child.reader.join(timeout=30)
