@@ -44,6 +44,7 @@ def counted_fast_path(counts: Counter[str]) -> None:
     from scheduler.store.dialects.sqlite import BEGIN_WRITE
 
     run, driver_sql = fastpath.FastPath.run, fastpath.FastPath.run_driver_sql
+    run_led = fastpath.FastPath.run_led
     attempt = session.OwnedRunner._attempt
     locks = (claim_locks.LOCK_CANDIDATES, claim_locks.LOCK_CANDIDATE_ROWS)
 
@@ -52,6 +53,14 @@ def counted_fast_path(counts: Counter[str]) -> None:
         if prepared in locks:
             counts["lock"] += 1
         return run(self, conn, prepared, parameters, **options)
+
+    def counting_run_led(
+        self: Any, conn: Any, lead: Any, prepared: Any, parameters: Any, **options: Any
+    ) -> Any:
+        done = run_led(self, conn, lead, prepared, parameters, **options)
+        if done is not None:
+            counts["statements"] += 2  # the lead statement and the one it leads, in one query
+        return done
 
     def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
         if begin == BEGIN_WRITE:
@@ -67,6 +76,7 @@ def counted_fast_path(counts: Counter[str]) -> None:
 
     fastpath.FastPath.run = counting_run  # type: ignore[method-assign]
     fastpath.FastPath.run_driver_sql = counting_driver_sql  # type: ignore[method-assign]
+    fastpath.FastPath.run_led = counting_run_led  # type: ignore[method-assign]
     session.OwnedRunner._attempt = counting_attempt  # type: ignore[method-assign,assignment]
 
 
