@@ -63,8 +63,9 @@ class WorkerRun:
     settled_exactly_once: int
     claimed_once: int
     warmed_least: int = 0
-    warm_up_rounds: int = 0
     """The fewest warm-up cycles a worker ran before the measured run."""
+    warm_up_rounds: int = 0
+    """The warm-up rounds that ran (at least :data:`WARM_UP_MIN_ROUNDS`)."""
 
     @property
     def cycles_per_s(self) -> float:

@@ -407,7 +407,9 @@ class HeadLock:
     (the earliest due row, with ``plain``; none when something expired is to be acted on) and
     ``locked`` (that head as locked, its newest version; none when it was not locked). The
     window variant (``cycle_statement._window_and_lock``) has the window's rows in ``probe``,
-    their ranking in ``head`` and the first free candidate in ``locked``."""
+    their ranking in ``head`` and the first free candidate in ``locked``. Built ``slim``, the
+    probe has only the columns of :data:`SLIM_COLUMNS` and :func:`plain_sql`, and ``locked``
+    only :func:`locked_key_columns`."""
 
     probe: Any
     head: Any
