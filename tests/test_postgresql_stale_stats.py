@@ -13,6 +13,7 @@ statement is recorded by the driver's cursor and sent again by hand (rolled back
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -284,6 +285,27 @@ def _running_walks(plan: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _occurrence_reads(plan: dict[str, Any], settled_ids: set[str]) -> set[str]:
+    """The index (or ``Seq Scan``) of each node reading ``occurrences`` by an equality on
+    ``occurrence_id`` with one of ``settled_ids`` (as the plan prints it)."""
+    return {
+        node.get("Index Name", node["Node Type"])
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == "occurrences"
+        and node["Node Type"] != "ModifyTable"
+        and any(key in node.get("Index Cond", "") + node.get("Filter", "") for key in settled_ids)
+    }
+
+
+def _occurrences_scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(index or node type, index condition) of each node reading ``occurrences``."""
+    return [
+        (node.get("Index Name", node["Node Type"]), node.get("Index Cond", ""))
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == "occurrences" and node["Node Type"] != "ModifyTable"
+    ]
+
+
 @pytest.mark.parametrize("among_workers", [False, True], ids=["head", "window-of-heads"])
 def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
     postgres_server: PostgresServer, pg_schema: str, among_workers: bool
@@ -314,6 +336,68 @@ def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
         for plan in _explained_cycle(store, lead, statement, settled.id, held.id):
             walks = _running_walks(plan)
             assert walks and {index for index, _ in walks} == {"scheduler_pg_occurrences_expired"}, walks
+            by_key = _occurrence_reads(plan, settled_ids={held.id, "($1)::text"})
+            assert by_key and by_key <= {"occurrences_pkey"}, by_key  # the settle's row: by its key
+    finally:
+        store.close()
+        engine.dispose()
+
+
+BY_KEY_WRITES = ("renew", "retry_wait", "dead_letter", "requeue", "sweep")
+
+
+def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statistics_say(
+    postgres_server: PostgresServer, pg_schema: str
+) -> None:
+    """The same statistics (taken while no row ran) after the same churn: every statement that a
+    renew, a failed settle (to ``retry_wait`` and to ``dead_letter``), a dead letter's requeue and
+    the expired-final-attempt sweep run on ``occurrences`` by key reads it through the primary key
+    (``dialect.row_check`` on the status), never by walking ``scheduler_occurrences_claim`` or
+    ``scheduler_pg_occurrences_expired``. Each is EXPLAINed as a custom and a generic plan."""
+    engine = create_engine(postgres_server.url)
+    store = open_store(engine, schema=pg_schema)
+    try:
+        enqueue(store, CHURNED)
+        store.create_job(id="job-final", kind="final", authority=AUTHORITY, max_attempts=1)
+        store.enqueue_many(
+            [{"job_id": "job-final", "scheduled_for": T0 - 9 + i, "trigger_key": f"f{i}"} for i in range(3)]
+        )
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'ANALYZE "{pg_schema}".occurrences')
+        _, held = _churn(store, [])
+        final = store.claim_next(owner_id="w", lease_ms=60_000, job_kind="final")
+        expiring = store.claim_next(owner_id="w", lease_ms=1, job_kind="final")
+        assert final is not None and expiring is not None
+        statements: dict[str, list[tuple[Any, str, dict[str, Any]]]] = {}
+        with captured_claim(engine, "occurrences") as captured:
+            store.renew(occurrence_id=held.id, owner_id="w", fence=held.fence, lease_ms=60_000)
+            statements["renew"], captured[:] = captured[:], []
+            store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="failed")
+            statements["retry_wait"], captured[:] = captured[:], []
+            error = {"code": "HANDLER_FAILED", "message": "m"}
+            dead = store.settle(
+                occurrence_id=final.id, owner_id="w", fence=final.fence, outcome="failed", retryable=False,
+                error=error,
+            )
+            statements["dead_letter"], captured[:] = captured[:], []
+            store.requeue_dead_letter(
+                occurrence_id=dead.id, expected_fence=dead.fence, expected_error_code="HANDLER_FAILED",
+                request_id="rq1",
+            )
+            statements["requeue"], captured[:] = captured[:], []
+            time.sleep(0.05)  # the 1 ms lease of ``expiring`` (its final attempt) has expired
+            store.claim_next(owner_id="w", lease_ms=60_000, job_kind="final")
+            statements["sweep"] = [entry for entry in captured if "max_attempts FOR UPDATE" in entry[1]]
+        swept = store.get_occurrence(expiring.id)
+        assert swept is not None and swept.status == "dead_letter"
+        keys = (held.id, final.id, expiring.id)
+        for write in BY_KEY_WRITES:
+            by_key = [entry for entry in statements[write] if any(key in str(entry[2]) for key in keys)]
+            assert by_key, (write, statements[write])
+            for driver, statement, params in by_key:
+                for plan in executed_plans(driver, statement, params):
+                    scans = _occurrences_scans(plan)
+                    assert scans and {index for index, _ in scans} == {"occurrences_pkey"}, (write, scans)
     finally:
         store.close()
         engine.dispose()

@@ -40,6 +40,7 @@ from scheduler.store.authority import (
 )
 from scheduler.store.base import StoreBase
 from scheduler.store.dead_letters import newest_dead_letters
+from scheduler.store.dialect import row_check
 from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.records import (
     Adjudication,
@@ -389,7 +390,7 @@ def _reopen_occurrence(tx: Tx, occurrence_id: str, attempt: int, fence: int, max
         update(o)
         .where(
             o.c.occurrence_id == occurrence_id,
-            o.c.status == DEAD_LETTER,
+            row_check(o.c.status == DEAD_LETTER),
             o.c.attempt == attempt,
             o.c.fence == fence,
         )

@@ -55,6 +55,7 @@ from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.claim_plan import claimable, plain, sort_key, sweepable
 from scheduler.store.claim_query import LOCKED_PREFIX, LOCKED_ROWS
+from scheduler.store.dialect import row_check
 from scheduler.store.statement_plans import Prepared, StoredRow
 from scheduler.store.tx import RestartTransaction, Tx
 
@@ -125,7 +126,7 @@ LOCK_EXPIRED: Final = Prepared(
     select(_o.c.occurrence_id)
     .where(
         _o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)),
-        _o.c.status == literal_column(f"'{RUNNING}'"),
+        row_check(_o.c.status == literal_column(f"'{RUNNING}'")),
         _o.c.lease_expires_at <= bindparam("p_now"),
         _o.c.attempt >= _o.c.max_attempts,
     )

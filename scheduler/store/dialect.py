@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from sqlalchemy import BigInteger, Boolean, Connection, String, Table
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql import ClauseElement, ColumnElement
+from sqlalchemy.sql import ClauseElement, ColumnElement, operators
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.expression import Exists
@@ -218,7 +218,8 @@ class row_check(ColumnElement[bool]):
 
 @compiles(row_check)
 def _row_check_as_condition(element: row_check, compiler: SQLCompiler, **kw: Any) -> str:
-    return str(compiler.process(element.condition, **kw))
+    # grouped as an AND operand, so an OR inside it stays one condition beside the others
+    return str(compiler.process(element.condition.self_group(against=operators.and_), **kw))
 
 
 class server_clock_ms(FunctionElement[int]):

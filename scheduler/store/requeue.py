@@ -22,6 +22,7 @@ from scheduler.store.authority import (
     occurrence_not_found,
 )
 from scheduler.store.base import StoreBase
+from scheduler.store.dialect import row_check
 from scheduler.store.records import Occurrence, RequeueResult
 from scheduler.store.rows import read_optional_json
 from scheduler.store.tx import Tx
@@ -89,7 +90,7 @@ def requeue_dead_letter_in(
     o = t.occurrences
     changed = tx.changes(
         update(o)
-        .where(o.c.occurrence_id == occurrence_id, o.c.status == DEAD_LETTER, o.c.fence == fence)
+        .where(o.c.occurrence_id == occurrence_id, row_check(o.c.status == DEAD_LETTER), o.c.fence == fence)
         .values(status="retry_wait", available_at=tx.now, updated_at=tx.now, settled_at=None)
     )
     if changed != 1:

@@ -397,7 +397,7 @@ def resume_occurrence_in(tx: Tx, occurrence_id: str, revision: int, request_id: 
     o = t.occurrences
     tx.execute(
         update(o)
-        .where(o.c.occurrence_id == occurrence_id, o.c.status == RETRY_WAIT)
+        .where(o.c.occurrence_id == occurrence_id, row_check(o.c.status == RETRY_WAIT))
         .values(available_at=tx.now, updated_at=tx.now)
     )
     tx.append_event(
