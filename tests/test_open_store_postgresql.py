@@ -245,6 +245,33 @@ def test_busy_timeout_and_planner_setting_of_the_store_connection(pg_engine: Eng
         engine.dispose()
 
 
+def test_a_connection_whose_settings_could_not_be_reset_is_not_pooled_again(
+    pg_engine: Engine, pg_schema: str
+) -> None:
+    """``enable_sort = off`` is the store's own choice; if resetting it fails when the store
+    closes, the connection is discarded rather than handed to the application's next checkout
+    with the setting still on it."""
+    engine = create_engine(pg_engine.url, poolclass=QueuePool, pool_size=1, max_overflow=0)
+
+    def refuse_reset(conn: Any, cursor: Any, statement: str, *_args: Any) -> None:
+        if statement == "RESET enable_sort":
+            raise RuntimeError("reset refused")
+
+    try:
+        store = open_store(engine, schema=pg_schema, clock=lambda: T0)
+        store_backend = store.connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        assert store.connection.exec_driver_sql("SHOW enable_sort").scalar_one() == "off"
+        store.connection.rollback()
+        event.listen(engine, "before_cursor_execute", refuse_reset)
+        store.close()
+        event.remove(engine, "before_cursor_execute", refuse_reset)
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"
+            assert connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != store_backend
+    finally:
+        engine.dispose()
+
+
 _OPENER = """
 import sys
 from scheduler import open_store

@@ -273,7 +273,11 @@ class FastPath:
             # the handler does not roll it back behind the store's back (its "autorollback").
             with suppress(Exception):
                 conn.begin()
-        conn._handle_dbapi_exception(error, sql, arguments, None, None)
+        try:
+            conn._handle_dbapi_exception(error, sql, arguments, None, None)
+        finally:
+            if conn.invalidated:
+                self._cursor = self._dbapi = None  # the dead connection's; not kept alive
 
     def run_driver_sql(self, conn: Connection, sql: str) -> None:
         """``conn.exec_driver_sql(sql)`` for a statement without parameters or rows (``BEGIN …``,
@@ -300,6 +304,9 @@ class FastPath:
             cursor.execute(sql)
         except BaseException as error:
             self._failed(conn, error, sql, (), cursor)
+        else:
+            if cursor is not self._cursor:
+                cursor.close()  # one of its own, opened before the first use of the store's
         finally:
             if threshold is not None:
                 driver.prepare_threshold = threshold

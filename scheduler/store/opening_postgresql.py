@@ -126,14 +126,20 @@ def connect(
 
 
 def release(conn: Connection) -> None:
-    """End any transaction, reset the lock timeout and the planner setting and close; never raises."""
-    with suppress(Exception):
+    """End any transaction, reset the lock timeout and the planner settings and close; never
+    raises. If any reset fails, the connection is invalidated instead of returned to the pool, so
+    the store's session settings (``enable_sort = off`` …) never reach another of its users."""
+    try:
         if conn.in_transaction():
             conn.rollback()
         conn.exec_driver_sql(postgresql.RESET_LOCK_TIMEOUT_SQL)
         for statement in RESET_PLANNER_SQL:
             conn.exec_driver_sql(statement)
         conn.commit()
+    except Exception:
+        log.debug("resetting the store's connection failed; discarding it", exc_info=True)
+        with suppress(Exception):
+            conn.invalidate()
     close_quietly(conn)
 
 

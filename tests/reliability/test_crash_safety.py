@@ -77,6 +77,14 @@ class Child:
         self.stderr_reader.join(timeout=30)
         return code
 
+    def never_ready(self) -> str:
+        """Why the child did not become ready: its failure, or (still running past the timeout:
+        killed now, so it outlives no test) what it wrote to stderr."""
+        if self.proc.poll() is None:
+            self.kill()
+            return "still running, killed; stderr:\n" + b"".join(self._stderr).decode(errors="replace")
+        return self.fatal() or "exited with code 0 before it was ready"
+
     def fatal(self) -> str | None:
         messages = [str(line["fatal"]) for line in self.lines if "fatal" in line]
         if messages:
@@ -190,7 +198,7 @@ def test_sigkill_during_random_writes(tmp_path: Path, scale: Any, seed: int, fig
             time.sleep(rng.uniform(0.0, 0.6))
         else:
             if not child.became_ready(120):
-                raise AssertionError(f"crash child never became ready: {child.fatal()}")
+                raise AssertionError(f"crash child never became ready: {child.never_ready()}")
             time.sleep(rng.uniform(0.0, 0.35))
         landed_after_ready = child.ready.is_set()
         problem = child.fatal()
@@ -251,7 +259,7 @@ def test_sigkill_during_upgrade(tmp_path: Path, scale: Any, seed: int, figures: 
         copy_reference(path.parent, 1, path.name)
         child = Child(workloads.command("open", path))
         if not child.became_ready(120):
-            raise AssertionError(f"open child never started: {child.fatal()}")
+            raise AssertionError(f"open child never started: {child.never_ready()}")
         if attempt == 0:  # not killed: measures how long the upgrade takes in the child
             assert child.proc.wait(timeout=60) == 0
             child.reader.join(timeout=30)
