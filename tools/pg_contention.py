@@ -57,10 +57,15 @@ def counted_fast_path(counts: Counter[str]) -> None:
     def counting_run_led(
         self: Any, conn: Any, lead: Any, prepared: Any, parameters: Any, **options: Any
     ) -> Any:
-        done = run_led(self, conn, lead, prepared, parameters, **options)
-        if done is not None:
-            counts["statements"] += 2  # the lead statement and the one it leads, in one query
-        return done
+        done: Any = False
+        try:
+            done = run_led(self, conn, lead, prepared, parameters, **options)
+            return done
+        finally:
+            # the lead statement and the one it leads went to the server in one query when it
+            # returned rows or raised (a missed cycle raises after both ran); None sent nothing
+            if done is not None:
+                counts["statements"] += 2
 
     def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
         if begin == BEGIN_WRITE:

@@ -23,7 +23,8 @@ them by the seed's key in Python, so the chosen occurrence is exactly the seed's
   on (claim or sweep), in index order (``dialect.expiry_order``); up to that many, the result is
   exactly the seed's. Beyond it, on SQLite the oldest-available of them are reclaimed or swept
   first and the rest on later calls; on PostgreSQL, whose ``scheduler_pg_occurrences_expired``
-  orders them by lease expiry, the earliest-expired (the seed's order for running rows). The
+  orders them by lease expiry, the earliest-expired (ties of one millisecond by ``occurrence_id``,
+  where the seed puts ``scheduled_for`` first). The
   sweep still dead-letters at most 100 per claim, as the seed's.
 
 Every statement is dialect-free Core; each candidate row carries what the claim needs, so a

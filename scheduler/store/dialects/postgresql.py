@@ -116,7 +116,9 @@ def _server_clock_ms(element: server_clock_ms, compiler: SQLCompiler, **_kw: Any
 @compiles(expiry_order, "postgresql")
 def _expiry_order(element: expiry_order, compiler: SQLCompiler, **kw: Any) -> str:
     """Lease expiry first: ``scheduler_pg_occurrences_expired``'s order, which only that index
-    yields without a sort (the seed's own order for running rows)."""
+    yields without a sort. The seed orders running rows by ``lease_expires_at, scheduled_for,
+    occurrence_id``; the probe's rows are merged in that order (``claim_plan.sort_key``), so only
+    which rows a probe of more than its limit reads differs, among leases of one millisecond."""
     return render_order(compiler, element.table, ("lease_expires_at", "occurrence_id"), **kw)
 
 
