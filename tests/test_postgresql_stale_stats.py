@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from backends import PostgresServer
+from governance_support import ALICE_AUTHORITY, CHECKPOINT_CAPABILITY
 from psycopg import Connection as DriverConnection
 from psycopg import sql
 from sqlalchemy import Engine, create_engine, event
@@ -343,15 +344,16 @@ def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
         engine.dispose()
 
 
-BY_KEY_WRITES = ("renew", "retry_wait", "dead_letter", "requeue", "sweep")
+BY_KEY_WRITES = ("renew", "retry_wait", "dead_letter", "requeue", "sweep", "park", "resume")
 
 
 def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statistics_say(
     postgres_server: PostgresServer, pg_schema: str
 ) -> None:
     """The same statistics (taken while no row ran) after the same churn: every statement that a
-    renew, a failed settle (to ``retry_wait`` and to ``dead_letter``), a dead letter's requeue and
-    the expired-final-attempt sweep run on ``occurrences`` by key reads it through the primary key
+    renew, a failed settle (to ``retry_wait`` and to ``dead_letter``), a dead letter's requeue,
+    the expired-final-attempt sweep, a pause's acknowledgement (park) and a resume run on
+    ``occurrences`` by key reads it through the primary key
     (``dialect.row_check`` on the status), never by walking ``scheduler_occurrences_claim`` or
     ``scheduler_pg_occurrences_expired``. Each is EXPLAINed as a custom and a generic plan."""
     engine = create_engine(postgres_server.url)
@@ -362,9 +364,17 @@ def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statisti
         store.enqueue_many(
             [{"job_id": "job-final", "scheduled_for": T0 - 9 + i, "trigger_key": f"f{i}"} for i in range(3)]
         )
+        store.create_job(id="job-pause", kind="pausable", authority=ALICE_AUTHORITY)
+        (pausable,) = store.enqueue_many([{"job_id": "job-pause", "scheduled_for": T0, "trigger_key": "p"}])
         with engine.begin() as connection:
             connection.exec_driver_sql(f'ANALYZE "{pg_schema}".occurrences')
         _, held = _churn(store, [])
+        paused = store.claim_occurrence(occurrence_id=pausable.id, owner_id="w", lease_ms=60_000)
+        assert paused is not None
+        store.request_occurrence_pause(
+            occurrence_id=paused.id, expected_fence=paused.fence, request_id="pause-1",
+            capability=CHECKPOINT_CAPABILITY,
+        )
         final = store.claim_next(owner_id="w", lease_ms=60_000, job_kind="final")
         expiring = store.claim_next(owner_id="w", lease_ms=1, job_kind="final")
         assert final is not None and expiring is not None
@@ -387,10 +397,23 @@ def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statisti
             statements["requeue"], captured[:] = captured[:], []
             time.sleep(0.05)  # the 1 ms lease of ``expiring`` (its final attempt) has expired
             store.claim_next(owner_id="w", lease_ms=60_000, job_kind="final")
-            statements["sweep"] = [entry for entry in captured if "max_attempts FOR UPDATE" in entry[1]]
+            statements["sweep"], captured[:] = [e for e in captured if "max_attempts FOR UPDATE" in e[1]], []
+            control = store.get_occurrence_control(paused.id)
+            assert control is not None
+            store.ack_occurrence_pause(
+                occurrence_id=paused.id, owner_id="w", fence=paused.fence, request_id="pause-1",
+                expected_revision=control.revision, safe_point="adapter_checkpoint",
+            )
+            statements["park"], captured[:] = captured[:], []
+            control = store.get_occurrence_control(paused.id)
+            assert control is not None and control.state == "paused"
+            store.resume_occurrence(
+                occurrence_id=paused.id, expected_revision=control.revision, request_id="r1"
+            )
+            statements["resume"] = captured[:]
         swept = store.get_occurrence(expiring.id)
         assert swept is not None and swept.status == "dead_letter"
-        keys = (held.id, final.id, expiring.id)
+        keys = (held.id, final.id, expiring.id, paused.id)
         for write in BY_KEY_WRITES:
             by_key = [entry for entry in statements[write] if any(key in str(entry[2]) for key in keys)]
             assert by_key, (write, statements[write])

@@ -200,6 +200,11 @@ class row_check(ColumnElement[bool]):
     lease checked in the index lies ahead, so no scan marks them dead), growing with the settles
     of the last lease. PostgreSQL renders ``(condition) IS TRUE``, the same filter, which no
     index matches; SQLite, which looks a key up by its primary key anyway, the condition itself.
+    The other by-key writes that name a status (requeue, reopen, resume) and the sweep's lock
+    (``claim_locks.LOCK_EXPIRED``) use it too.
+
+    Only as a term of a ``WHERE``: negated, ``NOT (condition) IS TRUE`` keeps NULL rows that
+    ``NOT condition`` drops.
     """
 
     __visit_name__ = "scheduler_row_check"
