@@ -63,7 +63,9 @@ def counted_fast_path(counts: Counter[str]) -> None:
             return done
         finally:
             # the lead statement and the one it leads went to the server in one query when it
-            # returned rows or raised (a missed cycle raises after both ran); None sent nothing
+            # returned rows or raised (a missed cycle raises after both ran; a raise before
+            # sending or in the lead is counted as two too, rare enough not to tell apart);
+            # None sent nothing
             if done is not None:
                 counts["statements"] += 2
 

@@ -277,7 +277,7 @@ class FastPath:
             conn._handle_dbapi_exception(error, sql, arguments, None, None)
         finally:
             if conn.invalidated:
-                self._cursor = self._dbapi = None  # the dead connection's; not kept alive
+                self._cursor = self._dbapi = None  # the dead connection's; usable() binds the new one
 
     def run_driver_sql(self, conn: Connection, sql: str) -> None:
         """``conn.exec_driver_sql(sql)`` for a statement without parameters or rows (``BEGIN …``,

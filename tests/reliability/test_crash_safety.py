@@ -83,7 +83,7 @@ class Child:
         if self.proc.poll() is None:
             self.kill()
             return "still running, killed; stderr:\n" + b"".join(self._stderr).decode(errors="replace")
-        return self.fatal() or "exited with code 0 before it was ready"
+        return self.fatal() or f"exited with code {self.proc.returncode} before it was ready"
 
     def fatal(self) -> str | None:
         messages = [str(line["fatal"]) for line in self.lines if "fatal" in line]
