@@ -134,3 +134,11 @@ def test_demo_runs_in_the_schema_and_never_prints_a_password(
     job = hint.rsplit(" ", 1)[-1]
     assert hint.startswith("see also: scheduler --db ") and f"--schema {pg_schema} history --job " in hint
     assert run_json(*at(url, pg_schema, "history", "--job", job))["count"] > 0
+
+
+@pytest.mark.parametrize("command", [("info",), ("verify",), ("jobs", "list")])
+def test_a_malformed_db_url_is_a_usage_error(command: tuple[str, ...]) -> None:
+    result = invoke("--db", "postgresql+psycopg://postgres@127.0.0.1:abc/db", *command)
+    assert result.exit_code == 2, result.output
+    assert "CLI_USAGE" in result.output and "not a valid database URL" in result.output
+    assert "Traceback" not in result.output

@@ -131,6 +131,17 @@ def test_opening_an_unreachable_server_or_a_missing_database_is_storage_unavaila
         assert details["storageCode"] == "CONNECTION_LOST"
 
 
+def test_a_connection_parameter_the_driver_refuses_is_an_invalid_argument(async_url: str) -> None:
+    """psycopg refuses ``connect_timeout=abc`` itself (``ProgrammingError``); asyncpg's ``connect``
+    has no such keyword (a bare ``TypeError``): both were reported as ``SCHEDULER_SCHEMA_CORRUPT``."""
+
+    async def body() -> SchedulerKernelError:
+        return await failure(open_async_store(f"{async_url}?connect_timeout=abc"))
+
+    error = asyncio.run(body())
+    assert error.code == "SCHEDULER_INVALID_ARGUMENT", error
+
+
 # ----------------------------------------------------------------- the caller's aborted transaction
 
 

@@ -63,6 +63,36 @@ def test_urls_open_a_store_in_the_default_schema(pg_database: URL, drivername: s
         engine.dispose()
 
 
+@pytest.mark.parametrize(
+    "query", ["connect_timeout=abc", "no_such_option=1"], ids=["bad-value", "unknown-option"]
+)
+def test_connection_parameters_the_driver_refuses_are_invalid_arguments(
+    pg_engine: Engine, pg_schema: str, query: str
+) -> None:
+    """psycopg refuses them before it contacts the server (``ProgrammingError``, no SQLSTATE):
+    an argument error, not a storage failure or a corrupt catalog; nothing is created."""
+    bad = f"{url_text(pg_engine.url)}?{query}"
+    with pytest.raises(SchedulerKernelError) as caught:
+        open_store(bad, schema=pg_schema)
+    assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT", caught.value
+    with pg_engine.connect() as connection:
+        found = connection.exec_driver_sql(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %(n)s", {"n": pg_schema}
+        )
+        assert found.first() is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql+psycopg://postgres@127.0.0.1:abc/db", "postgresql+psycopg://::::", "postgresql://u@[::1/x"],
+)
+def test_a_malformed_url_is_an_invalid_argument(url: str) -> None:
+    """SQLAlchemy's URL parser raises a bare ``ValueError`` for a port that is no number."""
+    with pytest.raises(SchedulerKernelError) as caught:
+        open_store(url)
+    assert caught.value.code == "SCHEDULER_INVALID_ARGUMENT"
+
+
 def test_an_engine_and_any_schema_name(pg_engine: Engine, pg_schema: str) -> None:
     with open_store(pg_engine, schema=pg_schema, clock=lambda: T0) as store:
         store.create_job(id="job-1", kind="email", authority=AUTHORITY)

@@ -71,7 +71,7 @@ def _target_url(target: Any) -> URL:
     if isinstance(target, str) and "://" in target:
         try:
             url = _driver_url(make_url(target))
-        except ArgumentError as cause:
+        except (ArgumentError, ValueError) as cause:  # ValueError: a port that is no number
             raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", MEMORY):
             file_path(str(url.database))  # refuses a NUL character, as open_store does

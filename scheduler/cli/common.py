@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import NullPool
 
 from scheduler.cli import pg_target
@@ -200,6 +200,11 @@ def resolve_target(db: str | None) -> str:
     """The database to use: ``--db`` (command, then global), ``$SCHEDULER_DATABASE_URL``, default path."""
     chosen = db or _ROOT_DB.get() or os.environ.get(DATABASE_ENV) or str(default_database_path())
     log.debug("database target: %s", chosen)
+    if "://" in chosen:
+        try:
+            make_url(chosen)
+        except (ArgumentError, ValueError) as cause:  # ValueError: a port that is no number
+            raise _usage(f"--db is not a valid database URL: {cause}") from cause
     return chosen
 
 

@@ -41,7 +41,7 @@ def is_postgresql(target: str) -> bool:
         return False
     try:
         return make_url(target).get_backend_name() == "postgresql"
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return False
 
 

@@ -147,7 +147,7 @@ def _resolve(target: Any) -> Resolved:
     if isinstance(target, str) and "://" in target:
         try:
             url = make_url(target)
-        except ArgumentError as cause:
+        except (ArgumentError, ValueError) as cause:  # ValueError: a port that is no number
             raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
         if url.get_backend_name() in opening_postgresql.BACKEND_NAMES:
             psycopg = opening_postgresql.psycopg_url(url)

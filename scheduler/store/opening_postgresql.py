@@ -16,9 +16,10 @@ from typing import Final
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.pool import NullPool
 
-from scheduler.contract.errors import invalid_argument
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.schema.upgrade import initialize_or_upgrade
@@ -112,7 +113,7 @@ def connect(
     transaction) and stamps the ``migrations`` rows of a created or upgraded schema.
     """
     postgresql.cache_long_statements()
-    conn = engine.connect()
+    conn = checkout(engine)
     try:
         prepare_connection(conn, timeout_ms)
         target = schema_target(conn, schema)
@@ -123,6 +124,25 @@ def connect(
         release(conn)
         raise
     return conn, target
+
+
+def checkout(engine: Engine) -> Connection:
+    """``engine.connect()``; a connection parameter the driver refuses before it contacts the
+    server is ``SCHEDULER_INVALID_ARGUMENT``, not a storage failure: psycopg's
+    ``ProgrammingError`` without a SQLSTATE (``?connect_timeout=abc``, an unknown option), or the
+    ``TypeError`` of a driver whose ``connect`` has no such keyword (asyncpg)."""
+    try:
+        return engine.connect()
+    except ProgrammingError as error:
+        if getattr(error.orig, "sqlstate", None) is not None:
+            raise
+        raise _refused_parameters(error.orig) from error
+    except TypeError as error:
+        raise _refused_parameters(error) from error
+
+
+def _refused_parameters(error: BaseException | None) -> SchedulerKernelError:
+    return invalid_argument(f"the PostgreSQL connection parameters were refused: {str(error).strip()}")
 
 
 def release(conn: Connection) -> None:
