@@ -100,3 +100,31 @@ def test_durations() -> None:
     for bad in ("", "d", "1y", "1.5h", "-1d"):
         with pytest.raises(CliFailure):
             parse_duration_ms(bad)
+
+
+def test_resume_run_again_reports_the_resume_already_made(database: Path) -> None:
+    """``scheduler resume OCC`` whose outcome the operator did not see, run again: the default
+    request id named the control revision, which the first run had changed, so the second was
+    refused as a conflict (``pause`` and ``requeue`` replay theirs)."""
+    store = new_store(database)
+    try:
+        occurrence = enqueue(store, "long", "one")
+        claimed = store.claim_next(owner_id="w", lease_ms=60_000)
+        assert claimed is not None and claimed.id == occurrence
+        assert invoke("--db", str(database), "pause", occurrence).exit_code == 0
+        control = store.get_occurrence_control(occurrence)
+        assert control is not None
+        store.ack_occurrence_pause(
+            occurrence_id=occurrence, owner_id="w", fence=claimed.fence, request_id=control.pause_request_id,
+            expected_revision=control.revision, safe_point="adapter_checkpoint",
+        )
+    finally:
+        store.close()
+    first = invoke("--db", str(database), "resume", occurrence, "--json")
+    again = invoke("--db", str(database), "resume", occurrence, "--json")
+    assert first.exit_code == 0 and again.exit_code == 0, again.output
+    assert not as_json(first)["control"].get("deduplicated")
+    assert as_json(again)["control"].get("deduplicated") is True
+    assert as_json(again)["control"]["revision"] == as_json(first)["control"]["revision"]
+    text = invoke("--db", str(database), "resume", occurrence)
+    assert text.exit_code == 0 and "resumed (already)" in text.stdout

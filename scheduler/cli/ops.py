@@ -201,13 +201,17 @@ def resume_command(
             raise not_found("runtime control of occurrence", occurrence_id)
         expected = control.revision if revision is None else revision
         request = request_id or f"resume:{control.occurrence_id}:{expected}"
+        if request_id is None and revision is None and control.state == "resumed":
+            # run again (its outcome unknown, say): the resume already made is reported, not refused
+            request = control.resume_request_id or request
         result = store.resume_occurrence(
             occurrence_id=occurrence_id, expected_revision=expected, request_id=request
         )
     if as_json:
         emit_json({"control": result.control.to_dict(), "occurrence": result.occurrence.to_dict()})
     else:
-        _print_occurrence(result.occurrence, f"resumed (control revision {result.control.revision})")
+        already = " (already)" if result.control.deduplicated else ""
+        _print_occurrence(result.occurrence, f"resumed{already} (control revision {result.control.revision})")
 
 
 @command
