@@ -55,6 +55,16 @@ def _clean(text: str) -> str:
     return _OMITTED_DEFAULT.sub("<omitted>", _ADDRESS.sub("", text))
 
 
+def _parameter_text(parameter: inspect.Parameter) -> str:
+    """The parameter as written: its annotation unquoted, its default as ``repr`` shows it (the
+    quotes of a string default kept)."""
+    text = _clean(str(parameter.replace(default=inspect.Parameter.empty)))
+    if parameter.default is inspect.Parameter.empty:
+        return text
+    separator = " = " if parameter.annotation is not inspect.Parameter.empty else "="
+    return text + separator + _OMITTED_DEFAULT.sub("<omitted>", _ADDRESS.sub("", repr(parameter.default)))
+
+
 def _signature(target: Callable[..., Any], name: str, *, drop_first: bool = False) -> str:
     """``name(params) -> return``, one parameter per line when it does not fit in 100 columns."""
     try:
@@ -73,7 +83,7 @@ def _signature(target: Callable[..., Any], name: str, *, drop_first: bool = Fals
             )
         ):
             parts.append("*")
-        parts.append(_clean(str(parameter)))
+        parts.append(_parameter_text(parameter))
         if parameter.kind is parameter.POSITIONAL_ONLY and (
             index + 1 == len(parameters) or parameters[index + 1].kind is not parameter.POSITIONAL_ONLY
         ):

@@ -448,7 +448,13 @@ class RuntimeControlOperations(RequeueOperations):
         capability: Any = None,
         expected_revision: Any = None,
     ) -> OccurrenceControl:
-        """Request a durable pause of a running occurrence whose adapter declares ``checkpoint_v1``."""
+        """Request a durable pause of a running occurrence whose adapter declares ``checkpoint_v1``.
+
+        ``capability``: ``{"pauseResume": "checkpoint_v1", "safePoints": [...]}``, the safe points
+        drawn from ``scheduler.contract.RUNTIME_CONTROL_SAFE_POINTS`` (``"before_execute"``,
+        ``"adapter_checkpoint"``; any other is ``SCHEDULER_INVALID_ARGUMENT``). ``None`` declares
+        nothing: ``SCHEDULER_PAUSE_UNSUPPORTED``. Idempotent by ``request_id`` (seed:
+        ``requestOccurrencePause``)."""
         identifier = normalize_key(occurrence_id, "occurrenceId")
         fence = assert_positive_safe_int(expected_fence, "expectedFence")
         request = normalize_key(request_id, "requestId", 128)
