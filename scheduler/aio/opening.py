@@ -8,7 +8,6 @@ from typing import Any, Final
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -27,6 +26,7 @@ from scheduler.store.opening import (
     file_path,
     open_resolved,
     own_engine_options,
+    parse_url,
 )
 from scheduler.store.opening_postgresql import BACKEND_NAMES
 
@@ -69,10 +69,7 @@ def _target_url(target: Any) -> URL:
     if isinstance(target, str) and target == MEMORY:
         return make_url("sqlite+aiosqlite://")
     if isinstance(target, str) and "://" in target:
-        try:
-            url = _driver_url(make_url(target))
-        except (ArgumentError, ValueError) as cause:  # ValueError: a port that is no number
-            raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
+        url = _driver_url(parse_url(target))
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", MEMORY):
             file_path(str(url.database))  # refuses a NUL character, as open_store does
         return url

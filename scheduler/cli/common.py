@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from scheduler.cli import pg_target
@@ -36,6 +36,7 @@ from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEM
 from scheduler.schema.upgrade import inspect_database
 from scheduler.store import SchedulerStore, default_database_path, open_store
 from scheduler.store.failures import find_contention_code, find_storage_failure_code, storage_unavailable
+from scheduler.store.opening import parse_url
 from scheduler.store.records import Record
 
 log = logging.getLogger("scheduler.cli")
@@ -202,9 +203,9 @@ def resolve_target(db: str | None) -> str:
     log.debug("database target: %s", chosen)
     if "://" in chosen:
         try:
-            make_url(chosen)
-        except (ArgumentError, ValueError) as cause:  # ValueError: a port that is no number
-            raise _usage(f"--db is not a valid database URL: {cause}") from cause
+            parse_url(chosen)
+        except SchedulerKernelError as error:
+            raise _usage(f"--db is not a valid database URL: {error.__cause__}") from error
     return chosen
 
 

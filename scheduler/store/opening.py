@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
@@ -134,6 +134,15 @@ def _refuse_async(target: Any) -> None:
             raise invalid_argument(f"{_SYNC_DRIVERS}, not the async {url.drivername}: {ASYNC_HINT}")
 
 
+def parse_url(target: str) -> URL:
+    """``make_url(target)``; a malformed URL (SQLAlchemy's ``ArgumentError``, or the bare
+    ``ValueError`` of a port that is no number) is ``SCHEDULER_INVALID_ARGUMENT``."""
+    try:
+        return make_url(target)
+    except (ArgumentError, ValueError) as cause:
+        raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
+
+
 def _resolve(target: Any) -> Resolved:
     """What an ``open_store`` target names (file path or ``None`` for memory/foreign)."""
     _refuse_async(target)
@@ -145,10 +154,7 @@ def _resolve(target: Any) -> Resolved:
     if isinstance(target, str) and target == MEMORY:
         return Resolved("sqlite+pysqlite://", None, None)
     if isinstance(target, str) and "://" in target:
-        try:
-            url = make_url(target)
-        except (ArgumentError, ValueError) as cause:  # ValueError: a port that is no number
-            raise invalid_argument("target is not a valid SQLAlchemy URL") from cause
+        url = parse_url(target)
         if url.get_backend_name() in opening_postgresql.BACKEND_NAMES:
             psycopg = opening_postgresql.psycopg_url(url)
             return Resolved(psycopg.render_as_string(hide_password=False), None, None)
