@@ -286,15 +286,22 @@ def _running_walks(plan: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _occurrence_reads(plan: dict[str, Any], settled_ids: set[str]) -> set[str]:
+def _nodes_reading_occurrences(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes of ``plan`` that read ``occurrences`` (not the ``ModifyTable`` writing it)."""
+    return [
+        node
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == "occurrences" and node["Node Type"] != "ModifyTable"
+    ]
+
+
+def _reads_by_key(plan: dict[str, Any], keys: set[str]) -> set[str]:
     """The index (or ``Seq Scan``) of each node reading ``occurrences`` by an equality on
-    ``occurrence_id`` with one of ``settled_ids`` (as the plan prints it)."""
+    ``occurrence_id`` with one of ``keys`` (as the plan prints it)."""
     return {
         node.get("Index Name", node["Node Type"])
-        for node in plan_nodes(plan)
-        if node.get("Relation Name") == "occurrences"
-        and node["Node Type"] != "ModifyTable"
-        and any(key in node.get("Index Cond", "") + node.get("Filter", "") for key in settled_ids)
+        for node in _nodes_reading_occurrences(plan)
+        if any(key in node.get("Index Cond", "") + node.get("Filter", "") for key in keys)
     }
 
 
@@ -302,8 +309,7 @@ def _occurrences_scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
     """(index or node type, index condition) of each node reading ``occurrences``."""
     return [
         (node.get("Index Name", node["Node Type"]), node.get("Index Cond", ""))
-        for node in plan_nodes(plan)
-        if node.get("Relation Name") == "occurrences" and node["Node Type"] != "ModifyTable"
+        for node in _nodes_reading_occurrences(plan)
     ]
 
 
@@ -337,7 +343,7 @@ def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
         for plan in _explained_cycle(store, lead, statement, settled.id, held.id):
             walks = _running_walks(plan)
             assert walks and {index for index, _ in walks} == {"scheduler_pg_occurrences_expired"}, walks
-            by_key = _occurrence_reads(plan, settled_ids={held.id, "($1)::text"})
+            by_key = _reads_by_key(plan, keys={held.id, "($1)::text"})
             assert by_key and by_key <= {"occurrences_pkey"}, by_key  # the settle's row: by its key
     finally:
         store.close()

@@ -51,7 +51,11 @@ and nothing is written.
 
 def _clean(text: str) -> str:
     """Annotations as written (no quotes from postponed evaluation), no memory addresses."""
-    text = _QUOTED_ANNOTATION.sub(lambda match: match.group(1) + match.group(2), text)
+    return _without_addresses(_QUOTED_ANNOTATION.sub(lambda match: match.group(1) + match.group(2), text))
+
+
+def _without_addresses(text: str) -> str:
+    """No memory addresses; the omitted-argument sentinel shown as ``<omitted>``."""
     return _OMITTED_DEFAULT.sub("<omitted>", _ADDRESS.sub("", text))
 
 
@@ -62,7 +66,7 @@ def _parameter_text(parameter: inspect.Parameter) -> str:
     if parameter.default is inspect.Parameter.empty:
         return text
     separator = " = " if parameter.annotation is not inspect.Parameter.empty else "="
-    return text + separator + _OMITTED_DEFAULT.sub("<omitted>", _ADDRESS.sub("", repr(parameter.default)))
+    return text + separator + _without_addresses(repr(parameter.default))
 
 
 def _signature(target: Callable[..., Any], name: str, *, drop_first: bool = False) -> str:

@@ -57,17 +57,17 @@ def counted_fast_path(counts: Counter[str]) -> None:
     def counting_run_led(
         self: Any, conn: Any, lead: Any, prepared: Any, parameters: Any, **options: Any
     ) -> Any:
-        done: Any = False
+        # the lead statement and the one it leads go to the server in one query; None sent
+        # nothing. A missed cycle raises after both ran (a raise before sending or in the lead
+        # is counted as two too, rare enough not to tell apart).
         try:
             done = run_led(self, conn, lead, prepared, parameters, **options)
-            return done
-        finally:
-            # the lead statement and the one it leads went to the server in one query when it
-            # returned rows or raised (a missed cycle raises after both ran; a raise before
-            # sending or in the lead is counted as two too, rare enough not to tell apart);
-            # None sent nothing
-            if done is not None:
-                counts["statements"] += 2
+        except BaseException:
+            counts["statements"] += 2
+            raise
+        if done is not None:
+            counts["statements"] += 2
+        return done
 
     def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
         if begin == BEGIN_WRITE:
