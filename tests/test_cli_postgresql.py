@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import typer.core
+import typer.main
 from cli_support import invoke, run_json
 from cli_support import isolated_environment as isolated_environment
 from sqlalchemy import Engine, text
 
+from scheduler.cli import app
 from scheduler.schema import SCHEMA_V6_PG_FINGERPRINT
 from scheduler.schema.upgrade import apply_upgrade
 from scheduler.testing import T0
@@ -142,3 +145,47 @@ def test_a_malformed_db_url_is_a_usage_error(command: tuple[str, ...]) -> None:
     assert result.exit_code == 2, result.output
     assert "CLI_USAGE" in result.output and "not a valid database URL" in result.output
     assert "Traceback" not in result.output
+
+
+def _commands_taking_db() -> list[tuple[str, ...]]:
+    """Every command of the CLI that has a ``--db`` option, as the words that name it."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(group: Any, words: tuple[str, ...]) -> None:
+        if isinstance(group, typer.core.TyperGroup):
+            for name, child in group.commands.items():
+                walk(child, (*words, name))
+        elif any("--db" in parameter.opts for parameter in group.params):
+            found.append(words)
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def test_every_command_that_takes_db_also_takes_schema_after_it() -> None:
+    """``scheduler history --db URL --schema S`` used to fail with "No such option". (``bench``
+    measures in schemas of its own: its ``--db`` names only the server.)"""
+    commands = [words for words in _commands_taking_db() if words != ("bench",)]
+    assert {("history",), ("jobs", "list"), ("requeue",), ("worker",), ("verify",)} <= set(commands)
+    for words in commands:
+        result = invoke(*words, "--help")
+        assert result.exit_code == 0 and "--schema" in result.stdout, words
+
+
+def test_a_schema_given_after_the_command_is_the_one_read_and_written(
+    url: str, pg_schema: str, pg_engine: Engine
+) -> None:
+    run_json(*at(url, pg_schema, "demo"))
+    after = ("--db", url, "--schema", pg_schema)
+    assert run_json("jobs", "list", *after)["count"] == 1
+    history = run_json("--schema", "never_this_one", "history", *after)
+    assert history["count"] > 0
+    info = run_json("info", *after)
+    assert info["database"].endswith(f"(schema {pg_schema})") and info["versions"]["schema"] == 6
+    assert run_json("verify", *after)["ok"] is True
+    # Another schema named after the command wins over the global one: it does not exist.
+    missing = run_json(*at(url, pg_schema, "jobs", "list"), "--schema", "never_this_one", exit_code=1)
+    assert missing["error"]["code"] == "SCHEDULER_SCHEMA_UNKNOWN"
+    pruned = invoke("prune", "--older-than", "30d", *after)
+    assert pruned.exit_code == 0, pruned.output
+    assert not schema_exists(pg_engine, "never_this_one")

@@ -1,10 +1,10 @@
 """The ``scheduler`` operator command line (Typer + rich).
 
-``--db`` names a SQLite file or a PostgreSQL database (``postgresql+psycopg://``; the global
-``--schema`` picks the scheduler's schema there, default ``scheduler``). Read commands open the
-database read-only and never create or upgrade it; ``init``,
-``upgrade``, ``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and
-``prune`` write. Every read command takes ``--json``.
+``--db`` names a SQLite file or a PostgreSQL database (``postgresql+psycopg://``; ``--schema``,
+before the command or after it, picks the scheduler's schema there, default ``scheduler``). Read
+commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
+``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and ``prune``
+write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 

@@ -7,12 +7,14 @@ Exit codes: 0 ok; 1 a failure (verification failed, not found, refused database,
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import os
 import shlex
 import sqlite3
 import sys
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
@@ -60,6 +62,15 @@ SchemaOption = Annotated[
         "--schema",
         help="PostgreSQL: the schema of the scheduler's tables (default scheduler). With --sql on "
         "SQLite: the attached database the script addresses (default main).",
+        show_default=False,
+    ),
+]
+CommandSchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="PostgreSQL: the schema of the scheduler's tables (default: the global --schema, "
+        "else scheduler).",
         show_default=False,
     ),
 ]
@@ -144,11 +155,15 @@ def _report_error(code: str, message: str, details: Any, as_json: bool) -> None:
 
 
 def command(function: Callable[P, R]) -> Callable[P, R]:
-    """Turn library and CLI failures into a message and the documented exit code."""
+    """Turn library and CLI failures into a message and the documented exit code. A command that
+    takes ``--db`` and has no ``--schema`` of its own is given one (:func:`_with_schema_option`)."""
+    takes_schema_option = _takes_db_only(function)
 
     @functools.wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         as_json = bool(kwargs.get("as_json", False))
+        schema = kwargs.pop("schema", None) if takes_schema_option else None
+        token = _ROOT_SCHEMA.set(str(schema)) if schema is not None else None
         try:
             return function(*args, **kwargs)
         except CliFailure as failure:
@@ -169,8 +184,36 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
             details = {"storageCode": storage_code} if storage_code else None
             _report_error(code, f"database error: {error.orig}", details, as_json)
             raise typer.Exit(EXIT_FAILURE) from error
+        finally:
+            if token is not None:
+                _ROOT_SCHEMA.reset(token)
 
+    if takes_schema_option:
+        _with_schema_option(wrapper, function)
     return wrapper
+
+
+def _takes_db_only(function: Callable[..., Any]) -> bool:
+    parameters = inspect.signature(function).parameters
+    return "db" in parameters and "schema" not in parameters
+
+
+def _with_schema_option(wrapper: Callable[..., Any], function: Callable[..., Any]) -> None:
+    """Give ``wrapper`` (Typer reads its signature) a ``--schema`` option after ``--db``: the
+    global ``scheduler --schema`` works as well, as ``--db`` does (the command's own wins)."""
+    signature = inspect.signature(function)
+    hints = typing.get_type_hints(function, include_extras=True)
+    keyword = inspect.Parameter.KEYWORD_ONLY  # Typer passes every value by name
+    parameters = [
+        parameter.replace(kind=keyword, annotation=hints.get(parameter.name, parameter.annotation))
+        for parameter in signature.parameters.values()
+    ]
+    after_db = [parameter.name for parameter in parameters].index("db") + 1
+    schema = inspect.Parameter("schema", keyword, default=None, annotation=CommandSchemaOption)
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*parameters[:after_db], schema, *parameters[after_db:]]
+    )
+    wrapper.__annotations__ = {**hints, "schema": CommandSchemaOption}
 
 
 # ----------------------------------------------------------------- database resolution
