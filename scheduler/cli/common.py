@@ -70,7 +70,7 @@ CommandSchemaOption = Annotated[
     typer.Option(
         "--schema",
         help="PostgreSQL: the schema of the scheduler's tables (default: the global --schema, "
-        "else scheduler).",
+        "else scheduler). A SQLite file has only main.",
         show_default=False,
     ),
 ]
