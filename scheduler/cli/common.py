@@ -157,7 +157,7 @@ def _report_error(code: str, message: str, details: Any, as_json: bool) -> None:
 def command(function: Callable[P, R]) -> Callable[P, R]:
     """Turn library and CLI failures into a message and the documented exit code. A command that
     takes ``--db`` and has no ``--schema`` of its own is given one (:func:`_with_schema_option`)."""
-    takes_schema_option = _takes_db_only(function)
+    takes_schema_option = _lacks_schema_option(function)
 
     @functools.wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -193,7 +193,8 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _takes_db_only(function: Callable[..., Any]) -> bool:
+def _lacks_schema_option(function: Callable[..., Any]) -> bool:
+    """A command that takes ``--db`` and has no ``--schema`` parameter of its own."""
     parameters = inspect.signature(function).parameters
     return "db" in parameters and "schema" not in parameters
 
