@@ -15,12 +15,14 @@ from typing import Any
 
 from sqlalchemy import Connection, create_engine
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import pg_catalog
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.target import SchemaTarget, schema_target
+from scheduler.store.opening import parse_url
 
 POSTGRESQL_DRIVERS = ("postgresql", "postgresql+psycopg")
 
@@ -40,8 +42,8 @@ def is_postgresql(target: str) -> bool:
     if "://" not in target:
         return False
     try:
-        return make_url(target).get_backend_name() == "postgresql"
-    except (ArgumentError, ValueError):
+        return parse_url(target).get_backend_name() == "postgresql"
+    except SchedulerKernelError:  # malformed: resolve_target reports it as a usage error
         return False
 
 

@@ -99,7 +99,7 @@ def _inspect_for_script(
     db_target: str, must_exist: bool, shared: bool, schema: str | None
 ) -> tuple[SchemaTarget, str, int, bool]:
     """(layout, database label, version the script starts from, backfill has work); read-only."""
-    if "://" in db_target and make_url(db_target).get_backend_name() == "postgresql":
+    if pg_target.is_postgresql(db_target):
         url = make_url(db_target)
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
