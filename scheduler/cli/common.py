@@ -35,6 +35,7 @@ from scheduler.cli import pg_target
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.catalog import list_user_tables, read_pragma_int
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
+from scheduler.schema.sqlite_file import NOT_A_DATABASE, is_stray_file
 from scheduler.schema.upgrade import inspect_database
 from scheduler.store import SchedulerStore, default_database_path, open_store
 from scheduler.store.failures import find_contention_code, find_storage_failure_code, storage_unavailable
@@ -434,8 +435,16 @@ def readonly_connection(target: str) -> Iterator[tuple[Path, Connection]]:
         raise _changed_while_read(path)
 
 
+def refuse_stray_file(path: Path) -> None:
+    """A stray 1-byte file, which SQLite reads as an empty database, is reported as SQLite reports
+    any other file that is not a database (``CLI_DATABASE_ERROR``)."""
+    if is_stray_file(path):
+        raise CliFailure(f"database error: {NOT_A_DATABASE}", code="CLI_DATABASE_ERROR")
+
+
 def require_current_schema(connection: Connection, path: Path) -> None:
     """Refuse anything but a scheduler database at the current schema version."""
+    refuse_stray_file(path)
     application_id = read_pragma_int(connection, "application_id")
     version = read_pragma_int(connection, "user_version")
     if application_id == 0 and not list_user_tables(connection):

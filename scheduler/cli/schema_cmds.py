@@ -26,6 +26,7 @@ from scheduler.cli.common import (
     fmt_ms,
     new_table,
     readonly_connection,
+    refuse_stray_file,
     resolve_schema,
     resolve_target,
     sqlite_schema,
@@ -340,6 +341,7 @@ def _catalog_report(
 
 
 def _info(path: Path) -> dict[str, Any]:
+    refuse_stray_file(path)
     with readonly_connection(str(path)) as (_, connection):
         version = catalog.read_pragma_int(connection, "user_version")
         integrity = _integrity(connection)

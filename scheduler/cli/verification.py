@@ -19,7 +19,8 @@ from sqlalchemy.exc import DBAPIError
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import catalog, pg_catalog
 from scheduler.schema.ddl import PG_SCHEMA_FINGERPRINTS, SCHEDULER_STORE_SCHEMA_VERSION, SCHEMA_FINGERPRINTS
-from scheduler.schema.target import SchemaTarget
+from scheduler.schema.sqlite_file import NOT_A_DATABASE, database_path, is_stray_file
+from scheduler.schema.target import SchemaTarget, schema_target
 
 Check = Callable[[Connection], object]
 
@@ -140,8 +141,8 @@ def _run(name: str, check: Check, connection: Connection) -> Finding | None:
     return None
 
 
-def _unreadable(version: int, error: DBAPIError) -> Verification:
-    finding = Finding("integrity", catalog.SCHEMA_CORRUPT, f"not a readable SQLite database: {error.orig}")
+def _unreadable(version: int, reason: object) -> Verification:
+    finding = Finding("integrity", catalog.SCHEMA_CORRUPT, f"not a readable SQLite database: {reason}")
     return Verification(version, None, None, SCHEMA_FINGERPRINTS.get(version), ["integrity"], [finding])
 
 
@@ -153,11 +154,14 @@ def verify_database(connection: Connection) -> Verification:
     """
     user_version = _user_version(connection)
     version = _version_to_verify(user_version)
+    path = database_path(connection, schema_target(connection))
+    if path is not None and is_stray_file(path):  # SQLite reads it as an empty database
+        return _unreadable(version, NOT_A_DATABASE)
     try:
         present = catalog.list_user_tables(connection)
         fingerprint = catalog.schema_fingerprint(connection)
     except DBAPIError as error:
-        return _unreadable(version, error)
+        return _unreadable(version, error.orig)
     empty = not present
     checks = _checks(version, present)[:1] if empty else _checks(version, present)
     names = [name for name, _ in checks]

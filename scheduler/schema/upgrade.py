@@ -221,7 +221,9 @@ def inspect_database(connection: Connection, *, schema: str | None = None, exclu
     schema) needs a ``migrations`` table (``SCHEDULER_SCHEMA_UNKNOWN``, details
     ``{"tables": [...]}``); a v1..v5 database is verified exactly as that version; for v6 the
     caller verifies (``verify_schema``). The version is ``user_version`` on an exclusive SQLite
-    database and the ``migrations`` history otherwise. Read-only.
+    database and the ``migrations`` history otherwise. A stray 1-byte file, which SQLite itself
+    takes for an empty database, is ``SCHEDULER_SCHEMA_CORRUPT`` like any file that is not an
+    SQLite database. Read-only.
     """
     target = resolve(connection, schema, exclusive)
     if target.is_postgresql:
