@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -30,7 +30,9 @@ from scheduler.contract.digests import (
     scheduler_adjudication_operator_digest,
     scheduler_adjudication_reason_digest,
 )
+from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_sha256_digest
+from scheduler.store.facade import SchedulerStore
 from scheduler.store.records import AdjudicationCase, DomainMigration, RuntimeControlOccurrence
 from scheduler.store.runtime_reads import normalize_runtime_control_enumeration
 
@@ -160,20 +162,49 @@ def adjudication_decide(
     reason_digest = scheduler_adjudication_reason_digest(reason)
     operator_digest = scheduler_adjudication_operator_digest(operator)
     require_database(db)  # a decision needs the database it decides about: never create one
+    decided = {
+        "decision": decision,
+        "evidence_digest": evidence_digest,
+        "expected_attempt": attempt,
+        "expected_fence": fence,
+        "reason_digest": reason_digest,
+        "operator_digest": operator_digest,
+    }
     with write_store(db) as store:
-        case = store.adjudicate_occurrence(
-            occurrence_id=occurrence_id,
-            decision=decision,
-            expected_evidence_digest=evidence_digest,
-            expected_attempt=attempt,
-            expected_fence=fence,
-            reason_digest=reason_digest,
-            operator_digest=operator_digest,
-        )
+        try:
+            case = store.adjudicate_occurrence(
+                occurrence_id=occurrence_id,
+                decision=decision,
+                expected_evidence_digest=evidence_digest,
+                expected_attempt=attempt,
+                expected_fence=fence,
+                reason_digest=reason_digest,
+                operator_digest=operator_digest,
+            )
+            already = False
+        except SchedulerKernelError as error:
+            case, already = _the_same_decision(store, occurrence_id, decided, error), True
     if as_json:
-        emit_json({"case": case.to_dict()})
+        emit_json({"case": case.to_dict(), "deduplicated": already})
     else:
         console().print(cases_table([case]))
+        if already:
+            console().print("this decision was already recorded", markup=False)
+
+
+def _the_same_decision(
+    store: SchedulerStore, occurrence_id: str, decided: dict[str, Any], refusal: SchedulerKernelError
+) -> AdjudicationCase:
+    """The case when the store refused a second decision and the one recorded is this very one
+    (the command run again, or losing to the identical command run at the same moment): it is
+    reported, not refused. Any other refusal, or a different decision, is raised (exit 1)."""
+    if refusal.code != "SCHEDULER_ADJUDICATION_ALREADY_RECORDED":
+        raise refusal
+    case = store.get_adjudication_case(occurrence_id)
+    recorded = None if case is None else case.adjudication
+    if case is None or recorded is None or any(getattr(recorded, k) != v for k, v in decided.items()):
+        raise refusal
+    return case
 
 
 @migrations_app.command("list")

@@ -31,7 +31,12 @@ from scheduler.cli.common import (
     write_store,
 )
 from scheduler.cli.reads import key_option
-from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
+from scheduler.contract.constants import (
+    DEAD_LETTER,
+    MAX_HISTORY_LIMIT,
+    SAFE_POINT_ADAPTER_CHECKPOINT,
+    SAFE_POINT_BEFORE_EXECUTE,
+)
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.runtime_control import normalize_runtime_control_capability
 from scheduler.store.facade import SchedulerStore
@@ -109,13 +114,14 @@ def requeue_command(
     _require_database(db)
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
-        code = error_code
-        if code is None:
-            code = current.last_error.get("code") if isinstance(current.last_error, dict) else None
-            if not isinstance(code, str):
-                raise CliFailure("the occurrence has no error code; pass --error-code", code="CLI_USAGE")
-        expected_fence = current.fence if fence is None else fence
-        request = request_id or f"requeue:{current.id}:{expected_fence}"
+        pinned = fence is not None or request_id is not None
+        made = None if pinned else _requeue_made(store, current, error_code)
+        if made is not None:
+            expected_fence, code, request = made
+        else:
+            code = error_code or _last_error_code(current)
+            expected_fence = current.fence if fence is None else fence
+            request = request_id or f"requeue:{current.id}:{expected_fence}"
         result = store.requeue_dead_letter(
             occurrence_id=occurrence_id,
             expected_fence=expected_fence,
@@ -132,6 +138,36 @@ def requeue_command(
         )
     else:
         _print_occurrence(result.occurrence, "requeued" + (" (already)" if result.deduplicated else ""))
+
+
+def _last_error_code(occurrence: Occurrence) -> str:
+    code = occurrence.last_error.get("code") if isinstance(occurrence.last_error, dict) else None
+    if not isinstance(code, str):
+        raise CliFailure("the occurrence has no error code; pass --error-code", code="CLI_USAGE")
+    return code
+
+
+def _requeue_made(
+    store: SchedulerStore, current: Occurrence, error_code: str | None
+) -> tuple[int, str, str] | None:
+    """(fence, error code, request id) of the requeue that already sent the occurrence's last dead
+    letter back, when it is no longer a dead letter; ``None`` otherwise.
+
+    ``requeue`` run again, or losing to an identical command run at the same moment, may read
+    the occurrence after that requeue and after a worker claimed it (a new fence, status
+    ``running``): the evidence it would derive is no longer the dead letter's. Replaying the
+    recorded request reports the requeue already made (``deduplicated``) instead of a conflict.
+    """
+    if current.status == DEAD_LETTER:
+        return None
+    for event in store.history(occurrence_id=current.id, limit=MAX_HISTORY_LIMIT):  # newest first
+        if event.type != "occurrence_requeued" or event.fence is None or not isinstance(event.data, dict):
+            continue
+        code, request = event.data.get("expectedErrorCode"), event.data.get("requestId")
+        if isinstance(code, str) and isinstance(request, str) and error_code in (None, code):
+            return event.fence, code, request
+        return None
+    return None
 
 
 @command
