@@ -160,5 +160,7 @@ class ListenWaker:
                     self.notifications += 1
                     self._inner.notify()
         finally:
+            # Closed directly: the pool's close would first roll back, and on a connection the
+            # server ended (the failure logged above) log that rollback's error with a traceback.
             with suppress(Exception):
-                pooled.close()
+                driver.close()
