@@ -105,8 +105,9 @@ def test_every_read_command_reads_a_shared_file_and_changes_no_byte(shop: dict[s
         run_json(*opts, "migrations", "show", migrations[0]["id"])["migration"]["id"] == migrations[0]["id"]
     )
     assert ids["running"] in {item["id"] for item in run_json(*opts, "controls", "list")["occurrences"]}
-    for words in (("verify",), ("info",), ("stats",), ("occurrences", "list"), ("history",)):
+    for words in (("verify",), ("stats",), ("occurrences", "list"), ("history",)):
         assert invoke(*opts, *words).exit_code == 0, words  # the tables too
+    assert "shared with an application" in invoke(*opts, "info").stdout
     assert sha256(path) == before
 
 

@@ -440,7 +440,8 @@ def _print_info(info: dict[str, Any]) -> None:
             markup=False,
         )
     else:
-        out.print(f"database: {info['database']} (journal mode {info['journalMode']})")
+        shared = ", shared with an application" if info.get("layout") == "shared" else ""
+        out.print(f"database: {info['database']} (journal mode {info['journalMode']}{shared})")
         out.print("files: " + ", ".join(f"{name} {size} B" for name, size in info["files"].items()))
         out.print(
             f"schema v{versions['schema']} (latest v{versions['latestSchema']}), application id "
