@@ -123,6 +123,10 @@ def test_write_commands_take_a_prefix(db: Db) -> None:
     assert control["occurrenceId"] == db.queued and control["state"] == "pause_requested"
     refused = run_json(*db.opts, "resume", db.queued[:9], exit_code=1)["error"]
     assert refused["code"] != "SCHEDULER_NOT_FOUND"  # found, and refused for its state
+    cancelled = run_json(*db.opts, "cancel", TWIN_B[:15], "--reason", "not needed")["occurrence"]
+    assert cancelled["id"] == TWIN_B and cancelled["lastError"]["code"] == "CANCELLED"
+    shown = text(db, "cancel", TWIN_B[:15])
+    assert "cancelled (already)" in shown and TWIN_B[:15] in shown and TWIN_B not in shown
 
 
 def test_an_ambiguous_prefix_is_a_usage_error_listing_the_candidates(db: Db) -> None:
@@ -131,6 +135,7 @@ def test_an_ambiguous_prefix_is_a_usage_error_listing_the_candidates(db: Db) -> 
         ("occurrences", "show", prefix),
         ("history", "--occurrence", prefix),
         ("requeue", prefix),
+        ("cancel", prefix),
         ("pause", prefix),
         ("adjudication", "show", prefix),
     ):

@@ -126,6 +126,8 @@ def test_every_write_command_works_on_a_shared_file_and_leaves_the_application_a
     control = run_json(*opts, "pause", ids["running"])["control"]
     assert control["state"] == "pause_requested"
     assert run_json(*opts, "resume", ids["running"], exit_code=1)["error"]["code"] != "SCHEDULER_NOT_FOUND"
+    cancelled = run_json(*opts, "cancel", ids["running"][:12], "--reason", "not needed")["occurrence"]
+    assert cancelled["status"] == "dead_letter" and cancelled["lastError"]["code"] == "CANCELLED"
     assert run_json(*opts, "prune", "--older-than", "1d", "--dry-run")["prune"]["dryRun"] is True
     assert run_json(*opts, "prune", "--older-than", "3650d")["prune"]["dryRun"] is False
     demo = run_json(*opts, "demo")

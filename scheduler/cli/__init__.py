@@ -6,8 +6,8 @@ file shared with an application (the scheduler's tables beside its own, ``exclus
 detected and opened as such; ``--shared`` says so where nothing can be detected yet. Ids: every
 command that takes an id accepts a unique prefix; tables show short ids (``scheduler.cli.ids``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
-``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and ``prune``
-write. Every read command takes ``--json``.
+``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume`` and
+``prune`` write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
@@ -23,7 +23,8 @@ from scheduler.cli.common import DbOption, SchemaOption, SharedOption, configure
 
 app = typer.Typer(
     name="scheduler",
-    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, prune.",
+    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, cancel, "
+    "prune.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -57,6 +58,7 @@ app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
 app.command("worker")(worker_cmd.worker_command)
 app.command("requeue")(ops.requeue_command)
+app.command("cancel")(ops.cancel_command)
 app.command("pause")(ops.pause_command)
 app.command("resume")(ops.resume_command)
 app.command("prune")(ops.prune_command)
