@@ -21,12 +21,15 @@ Both directions are index range scans of the table's primary key
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from sqlalchemy import Column, Connection, select
+from sqlalchemy import Column, Connection, Select, Text, bindparam, func, select
+from sqlalchemy.dialects import postgresql
 
 from scheduler.cli import pg_target
 from scheduler.cli.common import (
@@ -45,7 +48,6 @@ MIN_PREFIX: Final = 4
 SHORT_DIGITS: Final = 8
 """Characters past the namespace a short id shows at least (``occ_`` + 8 = 12 characters)."""
 CANDIDATES_SHOWN: Final = 10
-_CHUNK: Final = 100  # ids whose neighbours one statement reads (two result columns each)
 
 Short = Callable[[str | None], str]
 """Maps an id to what a table shows for it (``-`` for ``None``)."""
@@ -81,14 +83,17 @@ def successor(prefix: str) -> str | None:
     return None
 
 
-def candidates(connection: Connection, space: IdSpace, prefix: str, limit: int) -> list[str]:
-    """Up to ``limit`` ids starting with ``prefix``, in order (one primary-key range scan)."""
+def prefix_query(space: IdSpace, prefix: str, limit: int) -> Select[Any]:
+    """The ids starting with ``prefix``, in order, at most ``limit``: a primary-key range scan."""
     column = space.column
     query = select(column).where(column >= prefix).order_by(column).limit(limit)
     upper = successor(prefix)
-    if upper is not None:
-        query = query.where(column < upper)
-    return [str(value) for value in connection.execute(query).scalars()]
+    return query if upper is None else query.where(column < upper)
+
+
+def candidates(connection: Connection, space: IdSpace, prefix: str, limit: int) -> list[str]:
+    """Up to ``limit`` ids starting with ``prefix``, in order (:func:`prefix_query`)."""
+    return [str(value) for value in connection.execute(prefix_query(space, prefix, limit)).scalars()]
 
 
 def resolve(connection: Connection, space: IdSpace, value: str) -> str:
@@ -128,27 +133,30 @@ def _common_length(left: str, right: str | None) -> int:
     return length
 
 
-def _chunks(values: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(values), _CHUNK):
-        yield values[start : start + _CHUNK]
+@functools.lru_cache(maxsize=8)
+def neighbour_query(space: IdSpace, dialect: str) -> Select[Any]:
+    """``(id, nearest id below, nearest id above)`` for each id of the bound list ``:ids``, in ONE
+    statement: a correlated index seek each way per id, over ``unnest(:ids)`` on PostgreSQL (a
+    text array) and ``json_each(:ids)`` on SQLite (a JSON array). Built once per process."""
+    column = space.column
+    if dialect == "postgresql":  # unnest(:ids) AS wanted(value)
+        ids = func.unnest(bindparam("ids", type_=postgresql.ARRAY(Text)))
+        wanted = ids.table_valued("value").render_derived(name="wanted").c.value
+    else:  # json_each(:ids) AS wanted, whose column "value" is json_each's own
+        wanted = func.json_each(bindparam("ids", type_=Text)).table_valued("value").alias("wanted").c.value
+    below = select(column).where(column < wanted).order_by(column.desc()).limit(1).scalar_subquery()
+    above = select(column).where(column > wanted).order_by(column).limit(1).scalar_subquery()
+    return select(wanted, below, above)
 
 
 def _neighbours(
     connection: Connection, space: IdSpace, ids: list[str]
 ) -> dict[str, tuple[str | None, str | None]]:
-    """For each id, the nearest id below and above it in the table (one statement per chunk)."""
-    column = space.column
-    found: dict[str, tuple[str | None, str | None]] = {}
-    for chunk in _chunks(ids):
-        columns = []
-        for value in chunk:
-            below = select(column).where(column < value).order_by(column.desc()).limit(1)
-            above = select(column).where(column > value).order_by(column).limit(1)
-            columns += [below.scalar_subquery(), above.scalar_subquery()]
-        row = connection.execute(select(*columns)).one()
-        for index, value in enumerate(chunk):
-            found[value] = (row[2 * index], row[2 * index + 1])
-    return found
+    """For each id, the nearest id below and above it in the table."""
+    dialect = connection.dialect.name
+    bound: Any = ids if dialect == "postgresql" else json.dumps(ids)
+    rows = connection.execute(neighbour_query(space, dialect), {"ids": bound})
+    return {str(row[0]): (row[1], row[2]) for row in rows}
 
 
 def shortener(connection: Connection, space: IdSpace, ids: Iterable[str | None]) -> Short:
