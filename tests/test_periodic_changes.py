@@ -27,7 +27,8 @@ def noop(occurrence: Any, ctx: Any) -> None:
 def ticks(place: StorePlace, job_id: str) -> list[tuple[str, int]]:
     """(trigger key, scheduled_for) of the job's occurrences, read on a connection of their own."""
     rows = place.sql(
-        "SELECT trigger_key, scheduled_for FROM occurrences WHERE job_id = ? ORDER BY scheduled_for, trigger_key",
+        "SELECT trigger_key, scheduled_for FROM occurrences WHERE job_id = ? "
+        "ORDER BY scheduled_for, trigger_key",
         (job_id,),
     )
     return [(row[0], int(row[1])) for row in rows]
@@ -116,11 +117,16 @@ def test_a_changed_cron_fires_from_the_change_on_and_never_an_instant_twice(plac
 
     change(store, "report", trigger={"type": "cron", "expression": "*/15 * * * *"})  # at 00:20
     created = walk(worker, clock, T0 + 21 * MINUTE, T0 + 45 * MINUTE, MINUTE)
-    assert created == [("cron:2026-01-01T00:30:00.000Z", T0 + 30 * MINUTE), ("cron:2026-01-01T00:45:00.000Z", T0 + 45 * MINUTE)]
+    assert created == [
+        ("cron:2026-01-01T00:30:00.000Z", T0 + 30 * MINUTE),
+        ("cron:2026-01-01T00:45:00.000Z", T0 + 45 * MINUTE),
+    ]
 
     # A host whose clock is behind changes it "before" 00:45, which was fired: not fired again.
     clock.set(T0 + 44 * MINUTE + 30 * SECOND)
-    change(store, "report", trigger={"type": "cron", "expression": "*/5 * * * *", "timezone": "Europe/Berlin"})
+    change(
+        store, "report", trigger={"type": "cron", "expression": "*/5 * * * *", "timezone": "Europe/Berlin"}
+    )
     created = walk(worker, clock, T0 + 45 * MINUTE, T0 + 50 * MINUTE, 30 * SECOND)
     assert created == [("cron:2026-01-01T00:50:00.000Z", T0 + 50 * MINUTE)]
     keys = [key for key, _ in ticks(place, "report")]
@@ -135,7 +141,9 @@ def test_changing_a_once_trigger(place: StorePlace) -> None:
     store = place.open(clock=clock)
     add_job(store, "remind", kind="tick", trigger={"type": "once", "at": T0 + 10 * MINUTE})
     worker = Worker(store, {"tick": noop})
-    assert walk(worker, clock, T0, T0 + 20 * MINUTE, MINUTE) == [("once:2026-01-01T00:10:00.000Z", T0 + 10 * MINUTE)]
+    assert walk(worker, clock, T0, T0 + 20 * MINUTE, MINUTE) == [
+        ("once:2026-01-01T00:10:00.000Z", T0 + 10 * MINUTE)
+    ]
     change(store, "remind", trigger={"type": "once", "at": T0 + 30 * MINUTE})
     assert walk(worker, clock, T0 + 21 * MINUTE, T0 + 35 * MINUTE, MINUTE) == [
         ("once:2026-01-01T00:30:00.000Z", T0 + 30 * MINUTE)
@@ -181,8 +189,8 @@ def test_workers_racing_through_a_change_fire_each_tick_once(place: StorePlace) 
     add_job(stores[0], "beat", kind="tick", trigger=interval(MINUTE, T0))
     workers = [Worker(store, {"tick": noop}) for store in stores]
     changes = {
-        T0 + 12 * MINUTE + 10 * SECOND: interval(5 * MINUTE, T0),
-        T0 + 31 * MINUTE + 10 * SECOND: interval(2 * MINUTE, T0 + 30 * SECOND),
+        T0 + 12 * MINUTE + 20 * SECOND: interval(5 * MINUTE, T0),
+        T0 + 31 * MINUTE + 20 * SECOND: interval(2 * MINUTE, T0 + 30 * SECOND),
     }
     created: list[tuple[str, int]] = []
     errors: list[BaseException] = []
@@ -232,5 +240,7 @@ def test_a_job_disabled_changed_and_enabled_again(place: StorePlace) -> None:
     change(store, "beat", trigger=interval(3 * MINUTE, T0))
     assert walk(worker, clock, T0 + 10 * MINUTE, T0 + 11 * MINUTE, MINUTE) == []
     change(store, "beat", enabled=True)  # at 00:11: the 3-minute tick of 00:09 is before the change
-    assert walk(worker, clock, T0 + 11 * MINUTE, T0 + 19 * MINUTE, MINUTE) == named(3 * MINUTE, T0, range(4, 7))
+    assert walk(worker, clock, T0 + 11 * MINUTE, T0 + 19 * MINUTE, MINUTE) == named(
+        3 * MINUTE, T0, range(4, 7)
+    )
     store.close()
