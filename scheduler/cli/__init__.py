@@ -3,8 +3,8 @@
 ``--db`` names a SQLite file or a PostgreSQL database (``postgresql+psycopg://``; ``--schema``,
 before the command or after it, picks the scheduler's schema there, default ``scheduler``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
-``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and ``prune``
-write. Every read command takes ``--json``.
+``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume`` and
+``prune`` write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
@@ -20,7 +20,8 @@ from scheduler.cli.common import DbOption, SchemaOption, configure_logging, set_
 
 app = typer.Typer(
     name="scheduler",
-    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, prune.",
+    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, cancel, "
+    "prune.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -53,6 +54,7 @@ app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
 app.command("worker")(worker_cmd.worker_command)
 app.command("requeue")(ops.requeue_command)
+app.command("cancel")(ops.cancel_command)
 app.command("pause")(ops.pause_command)
 app.command("resume")(ops.resume_command)
 app.command("prune")(ops.prune_command)

@@ -1,4 +1,5 @@
-"""``requeue``, ``pause``, ``resume``, ``prune`` and ``stats``: the operator's hands on running work.
+"""``requeue``, ``cancel``, ``pause``, ``resume``, ``prune`` and ``stats``: the operator's hands on
+running work.
 
 Write commands default the compare-and-set evidence (fence, error code, control revision) to what
 the occurrence shows now and derive their request id from it, so repeating a command is idempotent
@@ -34,6 +35,7 @@ from scheduler.cli.reads import key_option
 from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.runtime_control import normalize_runtime_control_capability
+from scheduler.store.cancellation import is_cancelled, normalize_cancel_reason
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PRUNABLE_STATUSES, PruneResult
 from scheduler.store.records import Occurrence
@@ -132,6 +134,42 @@ def requeue_command(
         )
     else:
         _print_occurrence(result.occurrence, "requeued" + (" (already)" if result.deduplicated else ""))
+
+
+@command
+def cancel_command(
+    occurrence_id: str,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="Why: the dead letter's error message (at most 2,000 characters)."),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a queued, waiting or running occurrence: it becomes a dead letter with code CANCELLED.
+
+    A running handler is told at its next lease renewal (its effects may be partly applied).
+    Cancelling it again changes nothing; ``scheduler requeue`` puts it back.
+    """
+    key_option(occurrence_id, "occurrenceId")
+    normalize_cancel_reason(reason)
+    _require_database(db)
+    with write_store(db) as store:
+        current = _occurrence(store, occurrence_id)
+        already = is_cancelled(current.status, current.last_error)
+        cancelled = store.cancel_occurrence(occurrence_id=occurrence_id, reason=reason)
+    if as_json:
+        emit_json(
+            {"occurrence": cancelled.to_dict(), "previousStatus": current.status, "deduplicated": already}
+        )
+        return
+    _print_occurrence(cancelled, "cancelled" + (" (already)" if already else ""))
+    if current.status == "running" and not already:
+        console().print(
+            f"it was running (owner {current.lease_owner}): the worker is told at its next lease "
+            "renewal, and its effects may be partly applied",
+            markup=False,
+        )
 
 
 @command
