@@ -68,14 +68,16 @@ else:
     attach = {schema: settings["kernel"]} if layout == "attached" else None
     engine = scheduler.sqlite_engine(settings["database"], attach=attach, journal_mode="delete")
 
-with engine.connect() as connection:
-    filters = scheduler.alembic_filters(connection, schema=schema) if settings["filters"] != "0" else {}
-    context.configure(
-        connection=connection, target_metadata=metadata, include_schemas=layout != "shared", **filters
-    )
-    with context.begin_transaction():
-        context.run_migrations()
-engine.dispose()
+try:
+    with engine.connect() as connection:
+        filters = scheduler.alembic_filters(connection, schema=schema) if settings["filters"] != "0" else {}
+        context.configure(
+            connection=connection, target_metadata=metadata, include_schemas=layout != "shared", **filters
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+finally:
+    engine.dispose()  # also when check raises: no pooled connection keeps the database open
 '''
 
 HOST_REVISION = '''\
