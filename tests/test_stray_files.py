@@ -56,8 +56,10 @@ CLI_COMMANDS: list[tuple[str, ...]] = [
     ("dead-letters",),
     ("jobs", "list"),
     ("stats",),
+    ("occurrences", "list"),
     ("prune", "--older-than", "1d"),
     ("requeue", "occ_x"),
+    ("cancel", "occ_x"),
 ]
 
 
@@ -131,7 +133,6 @@ OPENING = {  # what the ways in that open the database answer (the others as SQL
     "scheduler init": (1, SCHEMA_CORRUPT),
     "scheduler upgrade": (1, SCHEMA_CORRUPT),
     "scheduler prune --older-than 1d": (1, SCHEMA_CORRUPT),
-    "scheduler requeue occ_x": (1, SCHEMA_CORRUPT),
 }
 
 
