@@ -362,8 +362,10 @@ def test_adjudication_list_show_and_decide(db: CliDb) -> None:
     decided = run_json(*decide)["case"]
     assert decided["adjudication"]["decision"] == "confirmed_not_applied"
     assert decided["adjudication"]["status"] == "pending" and decided["status"] == "retry_wait"
-    again = run_json(*decide, exit_code=1)["error"]
-    assert again["code"] == "SCHEDULER_ADJUDICATION_ALREADY_RECORDED"
+    again = run_json(*decide)  # the same decision run again reports the one recorded
+    assert again["deduplicated"] is True and again["case"]["adjudication"] == decided["adjudication"]
+    other = [*db.opts, *decide_arguments(dead, case, "another reason")]
+    assert run_json(*other, exit_code=1)["error"]["code"] == "SCHEDULER_ADJUDICATION_ALREADY_RECORDED"
 
 
 def test_adjudication_decide_rejects_bad_arguments(db: CliDb) -> None:
