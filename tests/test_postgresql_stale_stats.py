@@ -175,7 +175,7 @@ def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyz
     (``claim_query._due_head``). With the limit and the joins in one query the planner,
     estimating fewer due rows than the window, joined and sorted every due row on every cycle
     (998 rows read here; with 1,200 queued, 1,160–1,210 µs of server CPU per cycle against
-    860–940, ``tools/pg_cycle_cpu.py --contended``)."""
+    860–940, ``benchmarks/pg_cycle_cpu.py --contended``)."""
     store = open_store(private_engine, schema=pg_schema)
     try:
         enqueue(store, CHURNED)
