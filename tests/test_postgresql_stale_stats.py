@@ -324,8 +324,8 @@ def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
     probe (instead of ``scheduler_pg_occurrences_expired``). That walk steps over every running
     entry, including the dead one each settle leaves behind, which no scan marks dead while its
     lease lies ahead (the lease is checked in the index), so a cycle grew with the settles of the
-    last lease (``docs/design/postgresql-statements.md``). Now the settle checks ``status`` on the row it found by
-    key (``dialect.row_check``) and the probe is ordered by lease expiry
+    last lease (``docs/design/postgresql-statements.md``). Now the settle checks ``status`` on the
+    row it found by key (``dialect.row_check``) and the probe is ordered by lease expiry
     (``dialect.expiry_order``), which only ``scheduler_pg_occurrences_expired`` yields without a
     sort (the store's connection plans with ``enable_sort = off``)."""
     seen: list[tuple[str, Any]] = []
