@@ -18,16 +18,24 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = {"__init__", "lab"}
 SCRIPTS = sorted(path.stem for path in (REPO / "benchmarks").glob("*.py") if path.stem not in HELPERS)
 START_ALL = """
-import runpy, sys, warnings
+import runpy, signal, sys, warnings
+
+def too_slow(*_):
+    raise TimeoutError("--help took over 30 s")
+
 warnings.simplefilter("ignore", RuntimeWarning)  # a script another one imported is run again
+signal.signal(signal.SIGALRM, too_slow)
 for name in sys.argv[1:]:
     sys.argv = [name, "--help"]
+    signal.alarm(30)
     try:
         runpy.run_module("benchmarks." + name, run_name="__main__")
     except SystemExit as stop:
         assert stop.code in (0, None), (name, stop.code)
     else:
-        raise AssertionError(name + " --help did not exit")
+        raise AssertionError(name + " --help did not exit: every lab script takes --help")
+    finally:
+        signal.alarm(0)
     print("started", name, file=sys.stderr)
 """
 
@@ -44,6 +52,12 @@ def test_every_lab_script_starts() -> None:
     completed = _run("-c", START_ALL, *SCRIPTS)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stderr.count("started ") == len(SCRIPTS)
+
+
+def test_the_readme_says_what_each_script_is_for() -> None:
+    readme = (REPO / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    unlisted = [name for name in SCRIPTS if f"| `{name}.py` |" not in readme]
+    assert not unlisted, f"add a line for each to benchmarks/README.md: {unlisted}"
 
 
 def test_the_package_never_imports_the_lab() -> None:
