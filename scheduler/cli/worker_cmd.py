@@ -25,7 +25,7 @@ from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.worker import RetryPolicy, Worker
 from scheduler.worker.loading import load_handlers
 
-_RECORD_FIELDS = ("event", "state", "occurrence", "job", "kind", "owner", "fence", "attempt")
+_RECORD_FIELDS = ("event", "state", "occurrence", "job", "kind", "owner", "fence", "attempt", "duration_ms")
 
 
 class JsonLines(logging.Formatter):
