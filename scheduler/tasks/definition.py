@@ -61,7 +61,7 @@ class TaskDefinition:
         """``create_job``'s keyword arguments (without ``id``) for this task."""
         return {
             "kind": self.queue,
-            "trigger": self.trigger,
+            "trigger": self.trigger or {},  # the store keeps "no trigger" as {}
             "payload": self.job_payload,
             "authority": authority,
             "max_attempts": self.max_attempts,

@@ -33,8 +33,7 @@ def _not_found(run_id: str) -> SchedulerKernelError:
 
 def cancel_run(store: SchedulerStore, run_id: str, reason: str | None) -> Occurrence:
     """``cancel_occurrence`` (API §12)."""
-    cancelled: Occurrence = store.cancel_occurrence(occurrence_id=run_id, reason=reason)  # type: ignore[attr-defined]
-    return cancelled
+    return store.cancel_occurrence(occurrence_id=run_id, reason=reason)
 
 
 def retry_run(store: SchedulerStore, run_id: str) -> Occurrence:

@@ -46,6 +46,12 @@ def _retryable(error: SchedulerKernelError) -> bool:
     )
 
 
+def is_registered(store: SchedulerStore, definition: TaskDefinition, authority: dict[str, Any]) -> bool:
+    """Whether the task's job exists as defined (a read: nothing is written)."""
+    job = store.get_job(definition.name)
+    return job is not None and not _changes(job, definition.job_fields(normalize_stored_authority(authority)))
+
+
 def register_task(store: SchedulerStore, definition: TaskDefinition, authority: dict[str, Any]) -> Job:
     """Make the task's job match its definition; return the job."""
     wanted = definition.job_fields(normalize_stored_authority(authority))
@@ -67,4 +73,4 @@ def register_task(store: SchedulerStore, definition: TaskDefinition, authority: 
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-__all__ = ["register_task"]
+__all__ = ["is_registered", "register_task"]

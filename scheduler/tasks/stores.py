@@ -78,6 +78,8 @@ class StoreSource:
     """The stores of one ``Tasks`` object (thread-safe; :meth:`close` closes the ones it opened)."""
 
     def __init__(self, target: Any, options: StoreOptions) -> None:
+        if isinstance(target, URL):
+            target = target.render_as_string(hide_password=False)
         if not (
             _is_location(target)
             or isinstance(target, (Engine, AsyncEngine, SchedulerStore, AsyncSchedulerStore))

@@ -24,7 +24,7 @@ from scheduler.store.records import Job, Occurrence
 from scheduler.tasks.deferring import DeferCall, defer_on
 from scheduler.tasks.definition import DEFAULT_QUEUE, TaskDefinition, define_task, periodic_trigger
 from scheduler.tasks.operations import cancel_matching, cancel_run, retry_matching, retry_run
-from scheduler.tasks.registry import register_task
+from scheduler.tasks.registry import is_registered, register_task
 from scheduler.tasks.run import TaskRun
 from scheduler.tasks.stores import StoreOptions, StoreSource
 from scheduler.tasks.task import Task
@@ -225,6 +225,27 @@ class Tasks:
         for definition in definitions:
             register_task(store, definition, self.authority)
 
+    def _still_unregistered(
+        self, caller: SchedulerStore, pending: Sequence[TaskDefinition]
+    ) -> list[TaskDefinition]:
+        """Of ``pending``, those whose job the caller's transaction does not see as defined
+        (registering is never done inside it); on SQLite, where the caller's transaction may hold
+        the one write lock, they cannot be registered now: ``SCHEDULER_TRANSACTION_ACTIVE``."""
+        found = [definition for definition in pending if is_registered(caller, definition, self.authority)]
+        self._mark_registered(found)
+        missing = [definition for definition in pending if definition not in found]
+        connection = caller.connection
+        if missing and connection.dialect.name == "sqlite" and connection.in_transaction():
+            raise SchedulerKernelError(
+                "SCHEDULER_TRANSACTION_ACTIVE",
+                "task "
+                + ", ".join(definition.name for definition in missing)
+                + " is not registered yet and SQLite has one writer, which your transaction may hold: "
+                "call tasks.register() once at startup, before deferring inside your transactions",
+                {"tasks": [definition.name for definition in missing]},
+            )
+        return missing
+
     # ------------------------------------------------------------------ defer
 
     def _caller_store(self, connection: Any) -> SchedulerStore:
@@ -248,6 +269,8 @@ class Tasks:
     def _defer(self, calls: list[DeferCall], connection: Any) -> list[TaskRun]:
         caller = None if connection is None else self._caller_store(connection)  # checked first
         pending = self._unregistered(calls)
+        if pending and caller is not None:
+            pending = self._still_unregistered(caller, pending)
         if pending:
             self._register_on(self._source.sync(), pending)
             self._mark_registered(pending)
@@ -274,6 +297,8 @@ class Tasks:
     async def _defer_async(self, calls: list[DeferCall], connection: Any) -> list[TaskRun]:
         caller = None if connection is None else await self._async_caller(connection)
         pending = self._unregistered(calls)
+        if pending and caller is not None:
+            pending = await caller.run_sync(lambda store: self._still_unregistered(store, pending))
         if pending:
             await self._on_async(lambda store: self._register_on(store, pending))
             self._mark_registered(pending)
