@@ -36,7 +36,7 @@ class TaskRun:
     error: Any
     scheduled_for: int
     deduplicated: bool | None = None
-    occurrence: Occurrence = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    occurrence: Occurrence | None = field(repr=False, compare=False, default=None)
     """The store's record of the run (every field of the occurrence)."""
     _tasks: Tasks | None = field(repr=False, compare=False, default=None)
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from scheduler.aio import AsyncSchedulerStore
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.scalars import MISSING, is_safe_int
+from scheduler.contract.scalars import is_safe_int
 from scheduler.contract.storable import normalize_key, normalize_stored_authority
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.occurrence_rows import with_index
@@ -66,6 +66,20 @@ def _queues(value: Any) -> dict[str, dict[str, Any]]:
             )
         queues[queue] = {"concurrency": concurrency}
     return queues
+
+
+def _task_options(
+    name: Any, queue: Any, max_attempts: Any, retry: Any, timeout_ms: Any, pausable: Any
+) -> dict[str, Any]:
+    """``define_task``'s keyword arguments from ``task`` / ``periodic``'s."""
+    return {
+        "name": name,
+        "queue": queue,
+        "max_attempts": max_attempts,
+        "retry": retry,
+        "timeout_ms": timeout_ms,
+        "pausable": pausable,
+    }
 
 
 def defer_items(items: Any, make: Callable[[Any], DeferCall]) -> list[DeferCall]:
@@ -134,11 +148,23 @@ class Tasks:
         pausable: bool = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
-    def task(self, function: Any = None, /, **options: Any) -> Any:  # type: ignore[misc]
+    def task(  # type: ignore[misc]  # the overloads above are the typed forms
+        self,
+        function: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = 3,
+        retry: Any = None,
+        timeout_ms: int | None = None,
+        pausable: bool = False,
+    ) -> Any:
         """``@tasks.task`` or ``@tasks.task(name=, queue=, max_attempts=, retry=RetryPolicy(...),
         timeout_ms=, pausable=)``: make the function a task (checked now:
         ``SCHEDULER_INVALID_ARGUMENT`` for a bad option or a parameter named ``key``, ``run_at`` or
-        ``connection``)."""
+        ``connection``). Returns a :class:`Task`."""
+        options = _task_options(name, queue, max_attempts, retry, timeout_ms, pausable)
         return self._decorate(function, options, trigger=None)
 
     def periodic(
@@ -149,7 +175,12 @@ class Tasks:
         cron: str | None = None,
         timezone: str | None = None,
         every_ms: int | None = None,
-        **options: Any,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = 3,
+        retry: Any = None,
+        timeout_ms: int | None = None,
+        pausable: bool = False,
     ) -> Any:
         """``@tasks.periodic(cron="0 8 * * *", timezone="Europe/Berlin")`` or ``(every_ms=N)``, plus
         :meth:`task`'s options: a task that runs on that schedule while a worker serves its queue
@@ -157,15 +188,10 @@ class Tasks:
         positional argument if it takes one. A schedule that can never fire is
         ``SCHEDULER_INVALID_ARGUMENT``."""
         trigger = periodic_trigger(cron, timezone, every_ms)
+        options = _task_options(name, queue, max_attempts, retry, timeout_ms, pausable)
         return self._decorate(function, options, trigger=trigger)
 
     def _decorate(self, function: Any, options: dict[str, Any], trigger: dict[str, Any] | None) -> Any:
-        known = {"name", "queue", "max_attempts", "retry", "timeout_ms", "pausable"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
-        options.setdefault("max_attempts", MISSING)
-
         def decorate(target: Callable[..., Any]) -> Task[Any, Any]:
             definition = define_task(target, trigger=trigger, **options)
             return self._add(definition)
