@@ -27,6 +27,7 @@ from scheduler.contract import (
     scheduler_runtime_control_capability_digest,
 )
 from scheduler.contract.constants import RUNTIME_CONTROL_JOB_KINDS, RUNTIME_CONTROL_OCCURRENCE_STATUSES
+from scheduler.schema.autogenerate import alembic_filters
 from scheduler.store import SchedulerStore, default_database_path, mark_writer, open_store, sqlite_engine
 from scheduler.store.clock import monotonic_wall_clock
 from scheduler.store.records import (
@@ -114,6 +115,7 @@ __all__ = [
     "TaskFailed",
     "TaskRun",
     "Tasks",
+    "alembic_filters",
     "alembic_version_location",
     "canonical_json",
     "default_database_path",

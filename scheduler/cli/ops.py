@@ -1,4 +1,5 @@
-"""``requeue``, ``pause``, ``resume``, ``prune`` and ``stats``: the operator's hands on running work.
+"""``requeue``, ``cancel``, ``pause``, ``resume``, ``prune`` and ``stats``: the operator's hands on
+running work.
 
 Write commands default the compare-and-set evidence (fence, error code, control revision) to what
 the occurrence shows now and derive their request id from it, so repeating a command is idempotent
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Final
 
 import typer
 
+from scheduler.cli import ids
 from scheduler.cli.common import (
     CliFailure,
     DbOption,
@@ -34,6 +36,7 @@ from scheduler.cli.reads import key_option
 from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.runtime_control import normalize_runtime_control_capability
+from scheduler.store.cancellation import is_cancelled, normalize_cancel_reason
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PRUNABLE_STATUSES, PruneResult
 from scheduler.store.records import Occurrence
@@ -69,10 +72,10 @@ def _occurrence(store: SchedulerStore, occurrence_id: str) -> Occurrence:
     return occurrence
 
 
-def _print_occurrence(occurrence: Occurrence, note: str) -> None:
+def _print_occurrence(occurrence: Occurrence, short: str, note: str) -> None:
     table = new_table("occurrence", "job", "status", "attempt", "fence", "available", title=note)
     table.add_row(
-        occurrence.id,
+        short,
         occurrence.job_id,
         occurrence.status,
         f"{occurrence.attempt}/{occurrence.max_attempts}",
@@ -107,6 +110,8 @@ def requeue_command(
     key_option(error_code, "expectedErrorCode", 128)
     key_option(request_id, "requestId", 128)
     _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
         code = error_code
@@ -131,7 +136,46 @@ def requeue_command(
             }
         )
     else:
-        _print_occurrence(result.occurrence, "requeued" + (" (already)" if result.deduplicated else ""))
+        note = "requeued" + (" (already)" if result.deduplicated else "")
+        _print_occurrence(result.occurrence, resolved.short, note)
+
+
+@command
+def cancel_command(
+    occurrence_id: str,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="Why: the dead letter's error message (at most 2,000 characters)."),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a queued, waiting or running occurrence: it becomes a dead letter with code CANCELLED.
+
+    A running handler is told at its next lease renewal (its effects may be partly applied).
+    Cancelling it again changes nothing; ``scheduler requeue`` puts it back.
+    """
+    key_option(occurrence_id, "occurrenceId")
+    normalize_cancel_reason(reason)
+    _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
+    with write_store(db) as store:
+        current = _occurrence(store, occurrence_id)
+        already = is_cancelled(current.status, current.last_error)
+        cancelled = store.cancel_occurrence(occurrence_id=occurrence_id, reason=reason)
+    if as_json:
+        emit_json(
+            {"occurrence": cancelled.to_dict(), "previousStatus": current.status, "deduplicated": already}
+        )
+        return
+    _print_occurrence(cancelled, resolved.short, "cancelled" + (" (already)" if already else ""))
+    if current.status == "running" and not already:
+        console().print(
+            f"it was running (owner {current.lease_owner}): the worker is told at its next lease "
+            "renewal, and its effects may be partly applied",
+            markup=False,
+        )
 
 
 @command
@@ -155,6 +199,7 @@ def pause_command(
     key_option(request_id, "requestId", 128)
     normalize_runtime_control_capability(capability)  # unknown safe points exit 2
     _require_database(db)
+    occurrence_id = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id).id
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
         if fence is None and current.fence == 0:  # never claimed: no fence to expect
@@ -195,6 +240,8 @@ def resume_command(
     key_option(occurrence_id, "occurrenceId")
     key_option(request_id, "requestId", 128)
     _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
     with write_store(db) as store:
         control = store.get_occurrence_control(occurrence_id)
         if control is None:
@@ -211,7 +258,8 @@ def resume_command(
         emit_json({"control": result.control.to_dict(), "occurrence": result.occurrence.to_dict()})
     else:
         already = " (already)" if result.control.deduplicated else ""
-        _print_occurrence(result.occurrence, f"resumed{already} (control revision {result.control.revision})")
+        note = f"resumed{already} (control revision {result.control.revision})"
+        _print_occurrence(result.occurrence, resolved.short, note)
 
 
 @command

@@ -34,7 +34,7 @@ from scheduler.tasks import Tasks
 from scheduler.worker import RetryPolicy, Worker
 from scheduler.worker.loading import load_attribute
 
-_RECORD_FIELDS = ("event", "state", "occurrence", "job", "kind", "owner", "fence", "attempt")
+_RECORD_FIELDS = ("event", "state", "occurrence", "job", "kind", "owner", "fence", "attempt", "duration_ms")
 
 
 class JsonLines(logging.Formatter):

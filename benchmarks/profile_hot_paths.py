@@ -1,20 +1,27 @@
-"""cProfile of the hot paths (``--profile``): where one enqueue and one claim + settle spend time.
+"""cProfile of the hot paths: where one enqueue and one claim + settle spend CPU time.
+
+    python -m benchmarks.profile_hot_paths [--quick] [--scale 0.1] [--json FILE]
 
 Self time is grouped by module (SQLAlchemy, the sqlite3 driver, COMMIT/fsync, canonical JSON,
 record mapping, validation, store logic). Built-in functions other than the driver's are
-charged to their callers' groups, edge by edge, so the groups add up to the total.
+charged to their callers' groups, edge by edge, so the groups add up to the total. Prints
+Markdown tables (the groups, then the top cumulative entries) per hot path.
 """
 
 from __future__ import annotations
 
 import cProfile
+import json
 import pstats
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
+from benchmarks.lab import scratch_context, size_parser
 from scheduler.bench.context import LEASE_MS, Context
+from scheduler.bench.report import markdown_table
 from scheduler.bench.stores import PAST_MS, enqueue_request, fill_queue, open_bench_store, require, wall_ms
 
 FuncKey = tuple[str, int, str]
@@ -27,6 +34,8 @@ VALIDATION: Final = "argument validation + identity (contract)"
 STORE: Final = "store logic (scheduler/store)"
 OTHER: Final = "benchmark loop + other"
 TOP: Final = 25
+CYCLES: Final = 2_000
+ENQUEUES: Final = 5_000
 _FILE_GROUPS: Final = (
     ("/sqlalchemy/", SQLALCHEMY),
     ("/scheduler/contract/canonical.py", CANONICAL),
@@ -146,8 +155,12 @@ def _profiled(operation: Callable[[], None], operations: int) -> dict[str, Any]:
     return summarize(profile, operations)
 
 
+def _sized(ctx: Context, count: int) -> int:
+    return max(20, round(count * ctx.config.scale * (0.5 if ctx.config.quick else 1.0)))
+
+
 def profile_enqueues(ctx: Context) -> dict[str, Any]:
-    count = ctx.config.profile_enqueues
+    count = _sized(ctx, ENQUEUES)
     store = open_bench_store(ctx.path("profile-enqueue.sqlite"))
     try:
         require(store, "enqueue_occurrence")
@@ -164,7 +177,7 @@ def profile_enqueues(ctx: Context) -> dict[str, Any]:
 
 
 def profile_cycles(ctx: Context) -> dict[str, Any]:
-    count = ctx.config.profile_cycles
+    count = _sized(ctx, CYCLES)
     store = open_bench_store(ctx.path("profile-cycles.sqlite"))
     try:
         require(store, "claim_next", "settle")
@@ -186,7 +199,7 @@ def profile_cycles(ctx: Context) -> dict[str, Any]:
 
 
 def profile_one_commit_cycles(ctx: Context) -> dict[str, Any]:
-    count = ctx.config.profile_cycles
+    count = _sized(ctx, CYCLES)
     store = open_bench_store(ctx.path("profile-one-commit.sqlite"))
     try:
         require(store, "settle_and_claim")
@@ -227,3 +240,55 @@ def profile_hot_paths(ctx: Context) -> dict[str, Any]:
         task.advance()
     task.finish()
     return result
+
+
+def profile_markdown(profile: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for name, summary in profile.items():
+        if "groups" not in summary:
+            lines.append(f"- {name}: {summary}")
+            continue
+        lines.append(
+            f"**{name}** — {summary['operations']} operations, {summary['us_per_operation']} µs each under "
+            f"cProfile, {summary['sqlite_executes_per_operation']} sqlite3 executes each"
+        )
+        lines += [
+            "",
+            *markdown_table(
+                ["self time by group", "seconds", "share"],
+                [
+                    [group["group"], f"{group['seconds']:.3f}", f"{group['share']:.1%}"]
+                    for group in summary["groups"]
+                ],
+            ),
+            "",
+        ]
+        lines += markdown_table(
+            ["top cumulative", "calls", "cumulative s", "µs per operation"],
+            [
+                [
+                    entry["function"],
+                    str(entry["calls"]),
+                    f"{entry['cumulative_s']:.3f}",
+                    f"{entry['per_operation_us']}",
+                ]
+                for entry in summary["top_cumulative"]
+            ],
+        )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = size_parser(__doc__)
+    parser.add_argument("--json", type=Path, default=None, help="also write the profiles as JSON")
+    options = parser.parse_args()
+    with scratch_context(options) as ctx:
+        profile = profile_hot_paths(ctx)
+    print(profile_markdown(profile))
+    if options.json is not None:
+        options.json.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

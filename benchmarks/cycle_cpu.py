@@ -12,8 +12,8 @@ by side, so ``store − floor`` is the library's own CPU:
 ``--callgrind`` runs every loop under callgrind twice (``--cycles`` and a tenth of it) and prints
 the instructions per operation of the difference, which removes start-up and the queue fill::
 
-    python tools/cycle_cpu.py --cycles 2000
-    python tools/cycle_cpu.py --callgrind --cycles 400
+    python -m benchmarks.cycle_cpu --cycles 2000
+    python -m benchmarks.cycle_cpu --callgrind --cycles 400
 
 CPU figures move with the machine's load; instruction counts hardly do.
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from scheduler.bench import schema_floor
+from benchmarks import schema_floor
 from scheduler.bench.context import LEASE_MS
 from scheduler.bench.depth import INSERT_EVENT, INSERT_OCCURRENCE, DepthBuilder, depth_job
 from scheduler.bench.stores import enqueue_request, fill_queue, open_bench_store, settle_kwargs, wall_ms

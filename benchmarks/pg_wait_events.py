@@ -1,13 +1,13 @@
 """What the worker backends wait on while a load runs: sampled from ``pg_stat_activity``.
 
-    PYTHONPATH=. python tools/pg_contention.py --url postgresql+psycopg://root@127.0.0.1:5432/test \\
+    python -m benchmarks.pg_contention --url postgresql+psycopg://root@127.0.0.1:5432/test \\
         --workers 4 --occurrences 12000 &
-    sleep 9; PYTHONPATH=. python tools/pg_wait_events.py --url postgresql://root@127.0.0.1:5432/test \\
+    sleep 9; python -m benchmarks.pg_wait_events --url postgresql://root@127.0.0.1:5432/test \\
         --prefix pg_contention_ --seconds 6
 
 Every ``--interval-ms`` for ``--seconds``, reads the state and wait event of every client
 backend whose ``application_name`` starts with ``--prefix`` (``pg_contention_`` for
-``tools/pg_contention.py``'s workers, ``bench_worker_`` for the bench's), and prints, for each
+``benchmarks/pg_contention.py``'s workers, ``bench_worker_`` for the bench's), and prints, for each
 (state, wait event type, wait event), how many of those backends were in it per sample on
 average: ``active`` with no wait event is running (on a CPU or waiting for one), ``Lock /
 transactionid`` waits for another transaction's row lock, ``LWLock / WALWrite`` and ``IO /

@@ -1,6 +1,6 @@
 """A control for the bench's 4 ÷ 1 worker figure: how a minimal queue scales on this machine.
 
-    PYTHONPATH=. python tools/pg_minimal_queue.py --url postgresql://root@127.0.0.1:5432/test --rounds 3
+    python -m benchmarks.pg_minimal_queue --url postgresql://root@127.0.0.1:5432/test --rounds 3
 
 Not the store: one table ``scheduler_minimal_queue`` (in the ``public`` schema of ``--url``,
 dropped at the end) with an id, a status and a fence, and a cycle that, in one statement and
@@ -13,7 +13,7 @@ per cycle (the backends' ``/proc/<pid>/stat``; the server must be local) and the
 What it answers: whether the machine lets four worker processes run 1.5 × one. On 2026-12-04
 it reached 2.2 ×, with no growth of CPU per cycle; the store's cycle, whose CPU per cycle is
 several times larger and grows when its processes share the two cores, did not (see
-docs/benchmarks.md, "A minimal queue as a control"). Deadlocks between two cycles (a row a
+docs/design/postgresql-concurrency.md). Deadlocks between two cycles (a row a
 ``SKIP LOCKED`` scan locked and then skipped stays locked) are retried and counted.
 """
 

@@ -1,7 +1,7 @@
 """Server CPU of the one-statement cycle itself, as sent and with edits to its SQL, A/B.
 
-    PYTHONPATH=. python tools/pg_cycle_statement.py --url postgresql+psycopg://root@127.0.0.1:5432/test
-    PYTHONPATH=. python tools/pg_cycle_statement.py --url … --among-workers --edit 'LIMIT 8)=LIMIT 1)'
+    python -m benchmarks.pg_cycle_statement --url postgresql+psycopg://root@127.0.0.1:5432/test
+    python -m benchmarks.pg_cycle_statement --url … --among-workers --edit 'LIMIT 8)=LIMIT 1)'
 
 Drains a few cycles of a fresh queue (a schema of its own, dropped at the end) with
 ``settle_and_claim``, quiet or ``--among-workers`` (``ClaimContention`` held on the window of

@@ -3,7 +3,7 @@
 Prints CPU and wall time per occurrence (one lane: claim, runtime read, handler, settle — one commit
 per cycle when the store has ``settle_and_claim``). Usage:
 
-    python tools/bench_worker.py --occurrences 2000 --dir /tmp/scheduler-bench
+    python -m benchmarks.bench_worker --occurrences 2000 --dir /tmp/scheduler-bench
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ def main() -> None:
     path = base / f"worker-bench-{time.time_ns()}.sqlite"
     with open_store(path) as store:
         store.create_job(id="noop", kind="noop", authority={"principal": {"type": "service", "id": "bench"}})
-        store.enqueue_many(
-            [{"job_id": "noop", "scheduled_for": 0, "trigger_key": f"k{n}"} for n in range(options.occurrences)]
-        )
+        keys = (f"k{n}" for n in range(options.occurrences))
+        store.enqueue_many([{"job_id": "noop", "scheduled_for": 0, "trigger_key": key} for key in keys])
         worker = Worker(store, {"noop": lambda occurrence, ctx: None}, periodic=False)
         started_cpu, started = time.process_time(), time.perf_counter()
         ran = worker.run_until_idle()

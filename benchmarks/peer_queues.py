@@ -1,12 +1,12 @@
 """One worker of procrastinate or pgqueuer, cycles per second against the commit floor measured
-in the same run: what the issue's single-worker target (0.30 × the floor) compares with.
+in the same run: what the store's single-worker ratio to the floor compares with.
 
 These queues are not the project's dependencies: install them in a virtual environment of their
 own and run this file with its interpreter (it does not import ``scheduler``)::
 
     python3 -m venv /tmp/peer
     /tmp/peer/bin/pip install "procrastinate==3.10.*" "pgqueuer==1.6.*" "psycopg[binary]"
-    /tmp/peer/bin/python tools/peer_queues.py --admin-url postgresql://root@127.0.0.1:5432/postgres \\
+    /tmp/peer/bin/python benchmarks/peer_queues.py --admin-url postgresql://root@127.0.0.1:5432/postgres \\
         --queue procrastinate --cycles 3000
 
 Each run creates a database of its own (``peer_<queue>``, dropped first if it is there), enqueues
@@ -22,7 +22,7 @@ commits and no fencing:
   ``Queries.log_jobs`` (successful).
 
 Compare with the store's ``settle_and_claim`` (one commit, fenced, two events):
-``PYTHONPATH=. python tools/pg_cycle_cpu.py --url postgresql+psycopg://… --warm-up 200 --cycles 3000
+``python -m benchmarks.pg_cycle_cpu --url postgresql+psycopg://… --warm-up 200 --cycles 3000
 --analyze --floor 1000``, alternating.
 """
 
@@ -132,7 +132,9 @@ RUNS = {"procrastinate": procrastinate_run, "pgqueuer": pgqueuer_run}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--admin-url", required=True, help="a database to create the queue's database from")
     parser.add_argument("--queue", choices=sorted(RUNS), required=True)
     parser.add_argument("--cycles", type=int, default=3000)

@@ -9,7 +9,7 @@ Printed: the median claim, and the mean of the first ten (psycopg prepares a sta
 executions and the server tries five custom plans before it settles on a generic one, so these are
 planned for their parameters). Run it where autovacuum cannot analyze the table meanwhile, e.g.
 
-    PYTHONPATH=. .venv/bin/python tools/pg_stale_claims.py \\
+    .venv/bin/python -m benchmarks.pg_stale_claims \\
         --url postgresql+psycopg://root@127.0.0.1:5432/test --depths 1000 100000
 """
 

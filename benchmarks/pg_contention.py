@@ -1,6 +1,6 @@
 """Statements per ``settle_and_claim`` cycle when N worker processes drain one PostgreSQL queue.
 
-    PYTHONPATH=. python tools/pg_contention.py --url postgresql+psycopg://root@127.0.0.1:5432/test --workers 4
+    python -m benchmarks.pg_contention --url postgresql+psycopg://root@127.0.0.1:5432/test --workers 4
 
 Enqueues ``--occurrences`` due rows in a schema of its own (dropped at the end), starts
 ``--workers`` spawned processes (one store and connection each) that drain the queue with
@@ -9,9 +9,7 @@ local) and, per cycle, the fast path's statements: all of them, the claim lock s
 ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements, the calls run again (``restart``: a
 store-owned claim that met a row changed under its lock, ``Tx.restartable``) and the attempts of
 write calls (``attempts``: 1.00 when no call ran again, whatever the reason, a one-statement
-cycle's miss included). The figures of
-the claim-lock changes in docs/benchmarks.md came from it. (It wraps the fast path's calls,
-adding ~2 µs to each.)
+cycle's miss included). (It wraps the fast path's calls, adding ~2 µs to each.)
 
 ``--independent`` gives each worker a queue of its own (a schema each, the occurrences split
 evenly): the same cycles with no contention at all, so the difference from a shared queue is

@@ -1,6 +1,6 @@
 """WAL written per ``settle_and_claim`` cycle of one worker on PostgreSQL, by record type.
 
-    PYTHONPATH=. python tools/pg_cycle_wal.py --url postgresql+psycopg://root@127.0.0.1:5432/test
+    python -m benchmarks.pg_cycle_wal --url postgresql+psycopg://root@127.0.0.1:5432/test
 
 Enqueues ``--cycles`` + 1 due occurrences in a schema of its own (dropped at the end), claims
 the first, runs ``CHECKPOINT`` (so every run starts with the same full-page images to write:

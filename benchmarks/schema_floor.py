@@ -4,6 +4,10 @@ A commit of the store writes every page its rows and indexes touch (``occurrence
 indexes, ``events`` with two and ``sqlite_sequence``), about ten WAL frames instead of the floor
 loop's one. These loops make exactly those changes with hand-written SQL and no Python layer,
 so ``store figure ÷ schema floor`` is the share the library itself costs.
+
+    python -m benchmarks.schema_floor [--quick] [--scale 0.1]
+
+prints each store figure of ``scheduler bench`` beside its schema floor, measured in the same run.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ import sqlite3
 import time
 from typing import Any, Final
 
+from benchmarks.lab import scratch_context, size_parser
 from scheduler.bench.context import BENCH_JOB_ID, LEASE_MS, Context
 from scheduler.bench.depth import INSERT_EVENT, INSERT_OCCURRENCE, DepthBuilder, depth_job
 from scheduler.bench.model import GROUP_FLOOR, Spec
+from scheduler.bench.runner import run_scenario
+from scheduler.bench.scenarios import THROUGHPUT_SCENARIOS, Scenario
 from scheduler.bench.stores import open_bench_store, wall_ms
 from scheduler.bench.timing import Record, cpu_us, rate
 
@@ -206,3 +213,33 @@ def measure_schema_floor(ctx: Context, record: Record) -> None:
 
 
 SCHEMA_SPECS: Final = (SCHEMA_ENQUEUE, SCHEMA_BATCH, SCHEMA_CYCLES, SCHEMA_ONE_COMMIT)
+
+
+PAIRS: Final = (
+    ("enqueue_occurrence_per_s", SCHEMA_ENQUEUE.key),
+    ("enqueue_many_items_per_s", SCHEMA_BATCH.key),
+    ("claim_settle_cycles_per_s", SCHEMA_CYCLES.key),
+    ("settle_and_claim_cycles_per_s", SCHEMA_ONE_COMMIT.key),
+)
+
+
+def main() -> None:
+    options = size_parser(__doc__).parse_args()
+    floor = Scenario("schema_floor", lambda _config: list(SCHEMA_SPECS), measure_schema_floor)
+    wanted = {"floor", "enqueue_occurrence", "enqueue_many", "claim_settle", "settle_and_claim"}
+    scenarios = [scenario for scenario in THROUGHPUT_SCENARIOS if scenario.name in wanted]
+    with scratch_context(options) as ctx:
+        figures = {
+            figure.key: figure for scenario in (*scenarios, floor) for figure in run_scenario(scenario, ctx)
+        }
+    commit = figures["floor_commits_per_s"]
+    print(f"raw commit floor: {commit.value or 0:,.0f} commits/s")
+    print(f"{'figure':<34}{'store':>12}{'schema floor':>14}{'library share':>15}")
+    for store_key, floor_key in PAIRS:
+        store, raw = figures[store_key].value, figures[floor_key].value
+        share = f"{store / raw:.0%}" if store and raw else (figures[store_key].na or figures[floor_key].na)
+        print(f"{store_key:<34}{store or 0:>12,.0f}{raw or 0:>14,.0f}{share:>15}")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,7 @@ Builds (once, cached at --db) a v6 database with 20 job kinds: 96 % succeeded, 2
 bulk insert in the shape ``enqueue_occurrence`` writes. Then prints the CPU and wall time of each
 call (median of --repeat runs). Usage:
 
-    python tools/bench_stats.py --db /tmp/bench/stats-1m.sqlite --occurrences 1000000
+    python -m benchmarks.bench_stats --db /tmp/bench/stats-1m.sqlite --occurrences 1000000
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Client and server CPU of one worker's ``settle_and_claim`` cycles on PostgreSQL.
 
-    PYTHONPATH=. python tools/pg_cycle_cpu.py --url postgresql+psycopg://root@127.0.0.1:5432/test
-    PYTHONPATH=. python tools/pg_cycle_cpu.py --url … --analyze --per-statement
-    PYTHONPATH=<checkout> python tools/pg_cycle_cpu.py --url … --warm-up 200 --floor 1500
+    python -m benchmarks.pg_cycle_cpu --url postgresql+psycopg://root@127.0.0.1:5432/test
+    python -m benchmarks.pg_cycle_cpu --url … --analyze --per-statement
+    PYTHONPATH=<checkout> python -m benchmarks.pg_cycle_cpu --url … --warm-up 200 --floor 1500
 
 Runs ``--cycles`` cycles on a queue of as many rows (in a schema of its own, dropped at the end)
 with the server clock, and prints cycles/s, client CPU per cycle (``time.thread_time``) and server
@@ -17,8 +17,7 @@ and their naming); ``--floor N`` measures the commit floor (N one-row ``INSERT``
 through psycopg, ``scheduler.bench.pg_bench.commit_floor``) just before and just after the
 measured cycles and prints the cycles' ratio to it: on a machine whose speed drifts from one
 minute to the next, that ratio is steadier than the bench's figures taken minutes apart; run it
-alternately for two checkouts (``PYTHONPATH``) to compare them. The figures of
-docs/benchmarks.md "Where the time goes now" and of its tables of changes came from these loops.
+alternately for two checkouts (``PYTHONPATH``) to compare them.
 """
 
 from __future__ import annotations
