@@ -190,7 +190,7 @@ def test_a_pausable_task_pauses_at_a_checkpoint_and_resumes_from_it(place: Store
         @tasks.task(name="steps", pausable=True)
         def steps(ctx: HandlerContext) -> dict[str, Any]:
             start = (ctx.resumed_checkpoint or {}).get("step", 0)
-            for step in range(start, 500):
+            for step in range(start, 300):
                 ctx.checkpoint({"step": step})
                 stepping.set()
                 time.sleep(0.01)
