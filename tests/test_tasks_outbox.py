@@ -147,3 +147,39 @@ def test_an_async_connection_is_refused_by_the_sync_defer(place: StorePlace) -> 
                 await engine.dispose()
 
     asyncio.run(body())
+
+
+def test_tasks_take_an_engine_an_async_engine_or_an_open_store(place: StorePlace) -> None:
+    """Whatever the target, sync and async calls and a worker reach the same database."""
+
+    def exercise(tasks: Tasks) -> list[Any]:
+        double = tasks.task(name="double")(lambda value: value * 2)
+        run = double.defer(1)
+
+        async def from_asyncio() -> Any:
+            other = await double.defer_async(2)
+            read = await tasks.get_async(run.id)
+            await tasks.aclose()
+            return other, read
+
+        other, read = asyncio.run(from_asyncio())
+        worker = tasks.worker()
+        try:
+            assert worker.run_until_idle() >= 2
+        finally:
+            worker.close()
+        values = [run.result(timeout_s=0), other.result(timeout_s=0), read.status]
+        tasks.close()
+        return values
+
+    schema = {"schema": place.schema} if isinstance(place, PostgresSchemaPlace) else {}
+    engine = app_engine(place)
+    async_engine = async_app_engine(place)
+    try:
+        assert exercise(Tasks(engine, **schema)) == [2, 4, "queued"]
+        with place.open() as store:
+            assert exercise(Tasks(store)) == [2, 4, "queued"]
+        assert exercise(Tasks(async_engine, **schema)) == [2, 4, "queued"]
+    finally:
+        engine.dispose()
+        asyncio.run(async_engine.dispose())

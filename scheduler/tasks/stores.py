@@ -58,7 +58,7 @@ class StoreOptions:
         }
 
 
-def _sync_url(url: URL) -> URL:
+def _sync_url(url: URL) -> str:
     backend = url.get_backend_name()
     if backend not in _SYNC_DRIVERS:
         raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
@@ -67,7 +67,7 @@ def _sync_url(url: URL) -> URL:
             "an in-memory async SQLite database has no synchronous side: "
             "use a file for sync calls and workers"
         )
-    return url.set(drivername=_SYNC_DRIVERS[backend])
+    return url.set(drivername=_SYNC_DRIVERS[backend]).render_as_string(hide_password=False)
 
 
 def _is_location(target: Any) -> bool:
