@@ -144,22 +144,24 @@ class TaskWorker(Worker):
                 return claimed
         return None
 
+    def _claim_kinds(self) -> str:
+        """What the one-commit cycle (``Worker._settle_once``'s ``settle_and_claim``) claims: the
+        first queue only, so the order stays strict."""
+        return self.kinds[0]
+
     def _settle_once(self, arguments: dict[str, Any], claim_next: bool) -> Occurrence | None:
-        head = self.kinds[0]
-        if claim_next and head not in self.caps:
-            cycle = self.store.settle_and_claim(**arguments, lease_ms=self.lease_ms, job_kind=head)
-            self.tasks.signal.notify()
-            if cycle.claimed is not None or len(self.kinds) == 1:
-                claimed: Occurrence | None = cycle.claimed
-                return claimed
-            self._from_queue.index = 1  # the first queue was just found empty
-            try:
-                return self._claim()
-            finally:
-                self._from_queue.index = 0
-        self.store.settle(**arguments)
+        """``Worker._settle_once`` (settle, and in the same commit claim from the first queue unless
+        it is capped), then the other queues in order when the first had nothing."""
+        head_capped = self.kinds[0] in self.caps
+        claimed = super()._settle_once(arguments, claim_next and not head_capped)
         self.tasks.signal.notify()
-        return self._claim() if claim_next else None
+        if claimed is not None or not claim_next:
+            return claimed
+        self._from_queue.index = 0 if head_capped else 1  # the first queue was just found empty
+        try:
+            return self._claim()
+        finally:
+            self._from_queue.index = 0
 
     def _retry_at(self, lease: Lease) -> int:
         definition = self.tasks.definition(lease.occurrence.job_id)
