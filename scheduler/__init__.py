@@ -5,8 +5,10 @@ Start with :func:`open_store`; see ``docs/`` for the architecture and guides.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scheduler.contract import (
     OccurrenceIdentity,
@@ -46,7 +48,29 @@ from scheduler.store.records import (
     SettledAndClaimed,
 )
 
+if TYPE_CHECKING:
+    from scheduler.tasks import TaskCancelled, TaskFailed, TaskRun, Tasks
+    from scheduler.worker import RetryPolicy
+
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+_LAZY = {
+    "Tasks": "scheduler.tasks",
+    "TaskRun": "scheduler.tasks",
+    "TaskFailed": "scheduler.tasks",
+    "TaskCancelled": "scheduler.tasks",
+    "RetryPolicy": "scheduler.worker",
+}
+"""The Tasks layer, imported on first use (it brings the worker runtime and the async API)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __version__ = "0.1.0"
 
@@ -81,11 +105,16 @@ __all__ = [
     "OccurrenceControl",
     "OccurrenceIdentity",
     "RequeueResult",
+    "RetryPolicy",
     "RuntimeControlOccurrence",
     "SchedulerKernelError",
     "SchedulerStore",
     "SchemaInfo",
     "SettledAndClaimed",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskRun",
+    "Tasks",
     "alembic_filters",
     "alembic_version_location",
     "canonical_json",

@@ -26,6 +26,7 @@ import scheduler  # noqa: E402
 import scheduler.aio  # noqa: E402
 import scheduler.demo  # noqa: E402
 import scheduler.schema  # noqa: E402
+import scheduler.tasks  # noqa: E402
 import scheduler.testing  # noqa: E402
 import scheduler.testing.plugin  # noqa: E402
 from scheduler.store.facade import SchedulerStore  # noqa: E402
@@ -307,6 +308,11 @@ def render() -> str:
         _store_section(),
         _record_section(),
         _async_section(),
+        _classes(
+            "Tasks (`scheduler.tasks`, also `from scheduler import Tasks, TaskRun, TaskFailed, TaskCancelled`)",
+            "scheduler.tasks",
+            ["Tasks", "Task", "TaskRun", "TaskFailed", "TaskCancelled", "TaskWorker"],
+        ),
         _functions("Schema (`scheduler.schema`)", "scheduler.schema", schema_functions),
         _constants("Schema constants (`scheduler.schema`)", "scheduler.schema", schema_constants),
         _classes("Testing helpers (`scheduler.testing`)", "scheduler.testing", ["SchedulerClock"]),

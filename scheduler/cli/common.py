@@ -275,6 +275,11 @@ def sqlite_schema(schema: str | None) -> None:
         raise _usage("--schema names a PostgreSQL schema (on SQLite it applies only to --sql scripts)")
 
 
+def explicit_db(db: str | None) -> str | None:
+    """``--db`` as given on the command line (the command's, then the global one), else ``None``."""
+    return db or _ROOT_DB.get()
+
+
 def resolve_target(db: str | None) -> str:
     """The database to use: ``--db`` (command, then global), ``$SCHEDULER_DATABASE_URL``, default path."""
     chosen = db or _ROOT_DB.get() or os.environ.get(DATABASE_ENV) or str(default_database_path())
