@@ -309,7 +309,8 @@ def render() -> str:
         _record_section(),
         _async_section(),
         _classes(
-            "Tasks (`scheduler.tasks`, also `from scheduler import Tasks, TaskRun, TaskFailed, TaskCancelled`)",
+            "Tasks (`scheduler.tasks`, also "
+            "`from scheduler import Tasks, TaskRun, TaskFailed, TaskCancelled`)",
             "scheduler.tasks",
             ["Tasks", "Task", "TaskRun", "TaskFailed", "TaskCancelled", "TaskWorker"],
         ),
