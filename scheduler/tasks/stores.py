@@ -17,18 +17,20 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from scheduler.aio import AsyncSchedulerStore, open_async_store
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import invalid_argument
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.opening import MEMORY, OpenOptions, open_store
 from scheduler.store.queues import notify_settlements
+from scheduler.tasks.asyncio_layer import async_api, is_async_engine, is_async_store
+
+if TYPE_CHECKING:
+    from scheduler.aio import AsyncSchedulerStore
 
 _SYNC_DRIVERS: Final = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
 
@@ -82,7 +84,9 @@ class StoreSource:
             target = target.render_as_string(hide_password=False)
         if not (
             _is_location(target)
-            or isinstance(target, (Engine, AsyncEngine, SchedulerStore, AsyncSchedulerStore))
+            or isinstance(target, (Engine, SchedulerStore))
+            or is_async_engine(target)
+            or is_async_store(target)
         ):
             raise invalid_argument("Tasks needs a URL, a path, an Engine, an AsyncEngine or an open store")
         self.target = target
@@ -99,9 +103,9 @@ class StoreSource:
 
     def _sync_target(self) -> Any:
         target = self.target
-        if isinstance(target, AsyncEngine):
+        if is_async_engine(target):
             return _sync_url(target.url)
-        if isinstance(target, AsyncSchedulerStore):
+        if is_async_store(target):
             return _sync_url(target._store.connection.engine.url)
         return target
 
@@ -134,13 +138,13 @@ class StoreSource:
     async def async_store(self) -> AsyncSchedulerStore:
         """The async store of the running event loop (opened on first use in that loop)."""
         target = self.target
-        if isinstance(target, AsyncSchedulerStore):
+        if is_async_store(target):
             return target
         loop = asyncio.get_running_loop()
         store = self._async.get(loop)
         if store is None:
             options = self.options.keywords()
-            store = await open_async_store(target, **options)
+            store = await async_api().open_async_store(target, **options)
             await store.run_sync(notify_settlements)
             self._async[loop] = store
             self._opened_async.append(store)
