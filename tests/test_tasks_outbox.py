@@ -18,6 +18,7 @@ from store_places import PostgresSchemaPlace, StorePlace
 from tasks_support import count, tasks_on, working
 
 from scheduler import SchedulerKernelError, Tasks
+from scheduler.aio import open_async_store
 
 
 def app_engine(place: StorePlace) -> Engine:
@@ -183,3 +184,33 @@ def test_tasks_take_an_engine_an_async_engine_or_an_open_store(place: StorePlace
     finally:
         engine.dispose()
         asyncio.run(async_engine.dispose())
+
+
+def test_tasks_on_an_open_async_store_keep_to_its_schema_and_clock(place: StorePlace) -> None:
+    """The sync side (sync calls, workers) of ``Tasks(async_store)`` opens the async store's own
+    database, schema and clock — not the default schema."""
+    pinned = 1_767_225_600_000
+    schema = {"schema": place.schema} if isinstance(place, PostgresSchemaPlace) else {}
+
+    async def scenario() -> list[Any]:
+        engine = async_app_engine(place)
+        store = await open_async_store(engine, clock=lambda: pinned, **schema)
+        tasks = Tasks(store)
+        double = tasks.task(name="double")(lambda value: value * 2)
+        try:
+            first = await double.defer_async(1)
+            second = await asyncio.to_thread(double.defer, 2)  # the sync side
+            worker = tasks.worker()
+            try:
+                ran = await asyncio.to_thread(worker.run_until_idle)
+            finally:
+                worker.close()
+            values = [await first.wait(timeout_s=0), await second.wait(timeout_s=0)]
+            return [ran, values, first.scheduled_for, second.scheduled_for]
+        finally:
+            await tasks.aclose()
+            await store.close()
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == [2, [2, 4], pinned, pinned]
+    assert count(place, "jobs") == 1 and count(place, "occurrences") == 2

@@ -7,7 +7,7 @@
   in a thread (``asyncio.to_thread``).
 * An ``AsyncEngine`` or an ``AsyncSchedulerStore``: async calls use it; sync calls (and workers)
   use a sync store opened on the same database with the matching sync driver (aiosqlite → pysqlite,
-  asyncpg or async psycopg → psycopg).
+  asyncpg or async psycopg → psycopg) — for an async store, with its schema, clock and id factory.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from scheduler.contract.errors import invalid_argument
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.opening import MEMORY, OpenOptions, open_store
 from scheduler.store.queues import notify_settlements
+from scheduler.store.runner_base import SERVER_CLOCK
 from scheduler.tasks.asyncio_layer import async_api, is_async_engine, is_async_store
 
 if TYPE_CHECKING:
@@ -72,6 +73,20 @@ def _sync_url(url: URL) -> str:
     return url.set(drivername=_SYNC_DRIVERS[backend]).render_as_string(hide_password=False)
 
 
+def _options_of(store: SchedulerStore) -> dict[str, Any]:
+    """The ``open_store`` options that make a second store the same as ``store``: its schema (or,
+    on SQLite, whether it is exclusive), its clock and its id factory."""
+    place = store._runner.target
+    options: dict[str, Any] = {"uuid_factory": store._uuid_factory}
+    if place.is_postgresql:
+        options["schema"] = place.schema
+    else:
+        options["exclusive"] = place.exclusive
+    if store._clock is not SERVER_CLOCK:
+        options["clock"] = store._clock
+    return options
+
+
 def _is_location(target: Any) -> bool:
     return target is None or isinstance(target, (str, os.PathLike))
 
@@ -101,17 +116,19 @@ class StoreSource:
 
     # ------------------------------------------------------------------ sync
 
-    def _sync_target(self) -> Any:
-        target = self.target
+    def _sync_target(self) -> tuple[Any, dict[str, Any]]:
+        """What ``open_store`` opens for the sync side, and its options."""
+        target, keywords = self.target, self.options.keywords()
         if is_async_engine(target):
-            return _sync_url(target.url)
+            return _sync_url(target.url), keywords
         if is_async_store(target):
-            return _sync_url(target._store.connection.engine.url)
-        return target
+            return _sync_url(target._store.connection.engine.url), {**keywords, **_options_of(target._store)}
+        return target, keywords
 
     def open_sync(self) -> SchedulerStore:
         """A new sync store on the target (the caller closes it)."""
-        store = open_store(self._sync_target(), **self.options.keywords())
+        target, keywords = self._sync_target()
+        store = open_store(target, **keywords)
         notify_settlements(store)
         return store
 
