@@ -186,6 +186,8 @@ def _define(tasks: Tasks, **options: Any) -> Any:
         (lambda t: t.periodic(every_ms=True)(lambda: None), "a bool interval"),
         (lambda t: t.periodic()(lambda: None), "no schedule"),
         (lambda t: t.periodic(cron="* * * * *", every_ms=5)(lambda: None), "two schedules"),
+        (lambda t: t.periodic(every_ms=5)(lambda tick, other: None), "a tick function needing two values"),
+        (lambda t: t.periodic(every_ms=5)(lambda *, when: None), "a tick function needing a keyword"),
         (lambda t: t.periodic(every_ms=5, timezone="UTC")(lambda: None), "a zone without cron"),
         (lambda t: t.task(name="t")(lambda key: None), "a parameter named key"),
         (lambda t: t.task(name="t")(lambda run_at=None: None), "a parameter named run_at"),
@@ -208,6 +210,14 @@ def test_definitions_are_checked_when_decorated(tmp_path: Path, define: Any, wha
         define(tasks)
     assert refused.value.code == INVALID, what
     assert not (tmp_path / "never-opened.sqlite").exists()  # decorating touches no database
+
+
+def test_a_periodic_function_takes_the_tick_or_nothing(tmp_path: Path) -> None:
+    tasks = Tasks(tmp_path / "never-opened.sqlite")
+    for number, function in enumerate(
+        [lambda: None, lambda tick: None, lambda tick, other=1: None, lambda *ticks: None, lambda ctx: None]
+    ):
+        assert tasks.periodic(every_ms=5, name=f"p{number}")(function).definition.periodic
 
 
 def _main_function() -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Final
 from scheduler.contract.canonical import canonical_json, normalize_json
 from scheduler.contract.errors import invalid_argument
 from scheduler.store.records import Occurrence
-from scheduler.tasks.definition import TaskDefinition
+from scheduler.tasks.definition import TaskDefinition, tick_arguments
 from scheduler.worker.triggers import PERIODIC_TYPES
 
 ARGS: Final = "args"
@@ -65,16 +65,7 @@ def call_of(definition: TaskDefinition, occurrence: Occurrence) -> tuple[list[An
     when the function takes one. A deferred run's stored arguments are bound back by name.
     """
     if is_periodic_tick(occurrence):
-        takes_one = any(
-            parameter.kind
-            in (
-                inspect.Parameter.POSITIONAL_ONLY,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                inspect.Parameter.VAR_POSITIONAL,
-            )
-            for parameter in definition.signature.parameters.values()
-        )
-        return ([occurrence.scheduled_for] if takes_one else []), {}
+        return tick_arguments(definition.signature, occurrence.scheduled_for), {}
     payload = occurrence.payload
     stored = payload.get(ARGS) if isinstance(payload, dict) else None
     if not isinstance(stored, dict):
