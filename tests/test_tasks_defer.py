@@ -107,6 +107,23 @@ def test_a_key_names_one_run_and_its_arguments_are_checked(place: StorePlace) ->
         assert unkeyed[0].id != unkeyed[1].id  # without a key every defer is a new run
 
 
+def test_a_key_compares_calls_with_their_defaults_filled_in(place: StorePlace) -> None:
+    with tasks_on(place) as tasks:
+
+        @tasks.task(name="welcome")
+        def welcome(user_id: int, locale: str = "en", when: object = object()) -> None: ...
+
+        first = welcome.defer(42, key="w")
+        assert welcome.defer(42, "en", key="w").deduplicated is True  # the default, spelled out
+        explicit = welcome.defer(user_id=7, locale="en", key="w7")
+        assert welcome.defer(7, key="w7").id == explicit.id
+        with pytest.raises(SchedulerKernelError) as mismatch:
+            welcome.defer(42, locale="fr", key="w")
+        assert mismatch.value.details["runId"] == first.id
+        assert run_row(place, first.id)["payload_json"] == '{"args":{"user_id":42}}'  # defaults not stored
+        assert count(place, "occurrences") == 2
+
+
 def test_defer_many_is_one_transaction(place: StorePlace) -> None:
     with tasks_on(place) as tasks:
         add = tasks.task(name="add")(lambda a, b: a + b)
