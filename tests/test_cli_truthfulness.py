@@ -179,6 +179,14 @@ BAD_OPTIONS = [
     ("prune", "--older-than", "-5d"),
     ("prune", "--older-than", "30d", "--status", "queued"),
     ("prune", "--older-than", "30d", "--batch-size", "0"),
+    ("tasks", "list", "--queue", ""),
+    ("tasks", "list", "--status", "done"),
+    ("tasks", "show", "\udcff"),
+    ("tasks", "cancel", "occ_x", "--reason", "r" * 2_001),
+    ("tasks", "cancel", "--all", "--status", "succeeded"),
+    ("tasks", "cancel", "--all", "--task", "\t"),
+    ("tasks", "retry", "--all", "--code", "a\x01b"),
+    ("tasks", "retry", "occ_x", "--queue", "emails"),
     ("worker", "tests.handlers:HANDLERS", "--kinds", ","),
     ("worker", "tests.handlers:HANDLERS", "--kinds", "mail,\udcff"),
     ("worker", "tests.handlers:HANDLERS", "--lease-ms", "86400001"),
@@ -223,8 +231,10 @@ def test_a_bad_decision_option_exits_2_and_creates_nothing(tmp_path: Path, optio
         ("pause", "occ_x"),
         ("resume", "occ_x"),
         ("prune", "--older-than", "30d"),
+        ("tasks", "cancel", "occ_x"),
+        ("tasks", "retry", "--all"),
     ],
-    ids=lambda arguments: arguments[0],
+    ids=lambda arguments: " ".join(arguments[:2]),
 )
 def test_a_write_command_on_a_missing_database_is_not_found_and_creates_nothing(
     tmp_path: Path, arguments: tuple[str, ...]

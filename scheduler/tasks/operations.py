@@ -58,7 +58,9 @@ def retry_run(store: SchedulerStore, run_id: str) -> Occurrence:
     return requeued.occurrence
 
 
-def _statuses(status: Any) -> list[str]:
+def cancellable_statuses(status: Any) -> list[str]:
+    """``status`` (one of :data:`CANCELLABLE`, or a list of them) as a list; anything else is
+    ``SCHEDULER_INVALID_ARGUMENT``."""
     statuses = [status] if isinstance(status, str) else status
     if not isinstance(statuses, (list, tuple)) or not statuses:
         raise invalid_argument(f"status must be one of {', '.join(CANCELLABLE)} or a list of them")
@@ -105,7 +107,7 @@ def cancel_matching(
     return _each(
         store,
         lambda occurrence: cancel_run(store, occurrence.id, None),
-        statuses=_statuses(status),
+        statuses=cancellable_statuses(status),
         jobs=jobs,
         kinds=kinds,
     )
@@ -125,4 +127,11 @@ def retry_matching(
     )
 
 
-__all__ = ["CANCELLABLE", "cancel_matching", "cancel_run", "retry_matching", "retry_run"]
+__all__ = [
+    "CANCELLABLE",
+    "cancel_matching",
+    "cancel_run",
+    "cancellable_statuses",
+    "retry_matching",
+    "retry_run",
+]
