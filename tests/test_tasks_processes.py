@@ -18,8 +18,11 @@ from process_support import (
     stop_processes,
     wait_processes,
 )
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
 from store_places import StorePlace
-from task_app import APP, register_app, run_app_worker
+from task_app import APP, make_app, register_app, run_app_worker
 from tasks_support import app_environment, application, target_of
 from test_worker_processes import db_options
 
@@ -129,3 +132,29 @@ def test_many_processes_registering_at_once_all_succeed(place: StorePlace) -> No
     assert [tuple(row) for row in rows] == [("app.slow", 2), ("app.urgent", 1)]
     events = place.sql("SELECT event_type, count(*) FROM events GROUP BY event_type ORDER BY event_type")
     assert [tuple(row) for row in events] == [("job_created", 2), ("job_updated", 1)]
+
+
+def test_a_worker_given_only_db_serves_the_schema_of_its_tasks_object(home: Path, pg_database: URL) -> None:
+    """``scheduler worker app:tasks --db URL`` without ``--schema``: the schema is the ``Tasks``
+    object's (``Tasks(url, schema="shop")``), not the default ``scheduler``."""
+    url = pg_database.render_as_string(hide_password=False)
+    environment = {"TASKS_TEST_URL": url, "TASKS_TEST_SCHEMA": "shop"}
+    worker = start_scheduler(
+        home, "worker", "app_module:tasks", "--db", url, "--poll-max-ms", "50", environment=environment
+    )
+    try:
+        with make_app(url, "shop") as tasks:
+            assert tasks["app.urgent"].defer("hello").result(timeout_s=30) == "HELLO"
+    finally:
+        code, stderr = stop_gracefully(worker)
+    assert code == 0, stderr[-2000:]
+    engine = create_engine(pg_database, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            schemas = connection.exec_driver_sql(
+                "SELECT schema_name FROM information_schema.schemata"
+                " WHERE schema_name IN ('shop', 'scheduler')"
+            )
+            assert sorted(row[0] for row in schemas) == ["shop"]
+    finally:
+        engine.dispose()

@@ -141,6 +141,16 @@ class StoreSource:
             return self._sync
 
     @property
+    def schema(self) -> str | None:
+        """The PostgreSQL schema of the target: an open store's own, else ``Tasks(schema=…)``."""
+        target = self.target
+        store = target._store if is_async_store(target) else target
+        if isinstance(store, SchedulerStore):
+            place = store._runner.target
+            return place.schema if place.is_postgresql else None
+        return self.options.schema
+
+    @property
     def shares_one_store(self) -> bool:
         """Whether a worker must share the sync store (a given store, or a private in-memory one)."""
         return isinstance(self.target, SchedulerStore) or self.target == MEMORY

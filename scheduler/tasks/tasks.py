@@ -131,6 +131,13 @@ class Tasks:
         self.signal = SettleSignal()
         """Wakes the waiters of :meth:`TaskRun.result` (see :mod:`scheduler.tasks.waiting`)."""
 
+    @property
+    def schema(self) -> str | None:
+        """The PostgreSQL schema of the scheduler's tables (``None``: the default, ``scheduler``):
+        ``Tasks(schema=…)``, or an open store's own. ``scheduler worker`` given ``--db`` without
+        ``--schema`` uses it."""
+        return self._source.schema
+
     # ------------------------------------------------------------------ definitions
 
     @overload
