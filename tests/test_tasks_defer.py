@@ -278,3 +278,19 @@ def test_registration_creates_then_updates_a_changed_definition(place: StorePlac
         )
         assert job.authority["principal"] == {"type": "service", "id": "shop"}
         assert job.payload["runtimeControl"]["pauseResume"] == "checkpoint_v1"
+
+
+def test_registration_sends_only_the_changed_fields(place: StorePlace) -> None:
+    """A periodic task whose ``max_attempts`` changed: the update names that field alone, so the
+    schedule (its trigger) is not counted as changed."""
+    with tasks_on(place) as tasks:
+        tasks.periodic(name="beat", every_ms=60_000, max_attempts=2)(lambda tick: None)
+        tasks.register()
+    with tasks_on(place) as changed:
+        changed.periodic(name="beat", every_ms=60_000, max_attempts=5)(lambda tick: None)
+        (job,) = changed.register()
+        assert (job.revision, job.max_attempts) == (2, 5)
+        with place.open() as store:
+            assert store.periodic_state(job_id="beat").trigger_changed_at is None
+    rows = place.sql("SELECT data_json FROM events WHERE event_type = 'job_updated'")
+    assert [row[0] for row in rows] == ['{"changedFields":["maxAttempts"],"fromRevision":1,"toRevision":2}']

@@ -23,8 +23,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 from store_places import StorePlace
 from task_app import APP, make_app, register_app, run_app_worker
-from tasks_support import app_environment, application, target_of
+from tasks_support import app_environment, application, run_row, target_of
 from test_worker_processes import db_options
+from worker_support import wait_for
 
 WORKERS = 8
 CAP = 3
@@ -158,3 +159,38 @@ def test_a_worker_given_only_db_serves_the_schema_of_its_tasks_object(home: Path
             assert sorted(row[0] for row in schemas) == ["shop"]
     finally:
         engine.dispose()
+
+
+LEASE_MS = 1_000
+
+
+def test_a_killed_workers_slot_in_a_capped_queue_frees_when_its_lease_expires(place: StorePlace) -> None:
+    """Cap 1: a worker process killed (SIGKILL) mid-run holds the queue's one slot until its
+    lease expires, then another process runs the next run. (One attempt only, so the expired run
+    is dead-lettered rather than taken again.)"""
+    target, where = target_of(place)
+    arguments = (target, where.get("schema"), 1, LEASE_MS, 1)
+    with application(place, cap=1, attempts=1) as tasks:
+        slow = tasks["app.slow"]
+        first = slow.defer(0, seconds=60)
+        (holder,) = start_processes(run_app_worker, [arguments])
+        wait_for(lambda: statuses(place, "app.slow") == {"running": 1}, 30, "the first run to start")
+        started = FORKSERVER.Event()
+        (other,) = start_processes(run_app_worker, [(*arguments, started)])
+        try:
+            assert started.wait(30)
+            second = slow.defer(1, seconds=0)
+            time.sleep(0.5)
+            assert (tasks.get(second.id) or second).status == "queued"  # the one slot is taken
+            holder.kill()
+            holder.join()
+            expires = run_row(place, first.id)["lease_expires_at"]  # renewed no more
+            assert second.result(timeout_s=30) == {"index": 1, "pid": other.pid}
+        finally:
+            stop_processes([holder, other])
+        claimed = place.sql(
+            "SELECT occurred_at FROM events WHERE occurrence_id = ? AND event_type = 'occurrence_claimed'",
+            (second.id,),
+        )
+        assert claimed[0][0] >= expires  # not before the killed worker's lease expired
+        assert (tasks.get(first.id) or first).status == "dead_letter"
