@@ -5,6 +5,7 @@ once (creation, then a changed definition: one compare-and-set update, every pro
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from process_support import (
     FORKSERVER,
     start_processes,
+    start_python,
     start_scheduler,
     stop_gracefully,
     stop_processes,
@@ -194,3 +196,43 @@ def test_a_killed_workers_slot_in_a_capped_queue_frees_when_its_lease_expires(pl
         )
         assert claimed[0][0] >= expires  # not before the killed worker's lease expired
         assert (tasks.get(first.id) or first).status == "dead_letter"
+
+
+FORKING = textwrap.dedent(
+    """
+    import os
+    import sys
+
+    sys.path.insert(0, os.getcwd())
+    from app_module import tasks
+
+    urgent = tasks["app.urgent"]
+    tasks.register()  # at startup, before the server forks its workers (gunicorn --preload)
+    print(urgent.defer("parent").result(timeout_s=30), flush=True)  # stores and LISTEN opened
+    pid = os.fork()
+    if pid == 0:
+        try:
+            print(urgent.defer("child").result(timeout_s=30), flush=True)
+        except BaseException as error:
+            print("child:", repr(error), flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    print(urgent.defer("again").result(timeout_s=30), flush=True)  # the parent's stores still work
+    """
+)
+
+
+def test_a_tasks_object_used_before_fork_works_in_the_child(home: Path, place: StorePlace) -> None:
+    (home / "forking.py").write_text(FORKING)
+    environment = app_environment(place)
+    options = ("--poll-max-ms", "50")
+    worker = start_scheduler(home, "worker", "app_module:tasks", *options, environment=environment)
+    try:
+        script = start_python(home, home / "forking.py", environment=environment)
+        out, err = script.communicate(timeout=90)
+    finally:
+        code, stderr = stop_gracefully(worker)
+    assert out.splitlines() == ["PARENT", "CHILD", "child exit 0", "AGAIN"], out + err[-3000:]
+    assert script.returncode == 0 and code == 0, stderr[-2000:]

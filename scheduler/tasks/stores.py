@@ -8,6 +8,10 @@
 * An ``AsyncEngine`` or an ``AsyncSchedulerStore``: async calls use it; sync calls (and workers)
   use a sync store opened on the same database with the matching sync driver (aiosqlite → pysqlite,
   asyncpg or async psycopg → psycopg) — for an async store, with its schema, clock and id factory.
+
+After ``os.fork()`` (a pre-forking server that imported the application, ``gunicorn --preload``)
+the child forgets the stores opened in the parent, which refuse every call there, and opens its
+own on first use. A store given as the target is the application's to reopen.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from sqlalchemy.engine import URL
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import invalid_argument
 from scheduler.store.facade import SchedulerStore
+from scheduler.store.lifecycle import reset_after_fork
 from scheduler.store.opening import MEMORY, OpenOptions, open_store
 from scheduler.store.queues import notify_settlements
 from scheduler.store.runner_base import SERVER_CLOCK
@@ -113,6 +118,17 @@ class StoreSource:
             weakref.WeakKeyDictionary()
         )
         self._opened_async: list[AsyncSchedulerStore] = []
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the stores opened in the parent refuse every call here (their
+        connections are the parent's, left untouched); forget them, so the next call opens new ones."""
+        self._lock = threading.Lock()
+        self._opened = []
+        if not isinstance(self.target, SchedulerStore):
+            self._sync = None
+        self._async = weakref.WeakKeyDictionary()
+        self._opened_async = []
 
     # ------------------------------------------------------------------ sync
 

@@ -17,6 +17,7 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import is_safe_int
 from scheduler.contract.storable import normalize_key, normalize_stored_authority
 from scheduler.store.facade import SchedulerStore
+from scheduler.store.lifecycle import keep_forever, reset_after_fork
 from scheduler.store.occurrence_rows import with_index
 from scheduler.store.records import Job, Occurrence
 from scheduler.tasks.asyncio_layer import async_api, is_async_connection, is_async_session
@@ -130,6 +131,14 @@ class Tasks:
         self._lock = threading.Lock()
         self.signal = SettleSignal()
         """Wakes the waiters of :meth:`TaskRun.result` (see :mod:`scheduler.tasks.waiting`)."""
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: new locks, and a new signal (the parent's LISTEN thread is not here;
+        its connection, the parent's, is never touched)."""
+        self._lock = threading.Lock()
+        keep_forever(self.signal)
+        self.signal = SettleSignal()
 
     @property
     def schema(self) -> str | None:
