@@ -214,3 +214,30 @@ def test_tasks_on_an_open_async_store_keep_to_its_schema_and_clock(place: StoreP
 
     assert asyncio.run(scenario()) == [2, [2, 4], pinned, pinned]
     assert count(place, "jobs") == 1 and count(place, "occurrences") == 2
+
+
+def test_tasks_on_an_async_url_run_sync_calls_and_workers_with_the_sync_driver(place: StorePlace) -> None:
+    """``Tasks("postgresql+asyncpg://…")`` / ``Tasks("sqlite+aiosqlite:///…")``, as an async
+    application writes it: async calls use that driver, sync calls and workers the matching sync
+    one on the same database (as with an ``AsyncEngine``)."""
+    engine = async_app_engine(place)
+    url = engine.url.render_as_string(hide_password=False)
+    asyncio.run(engine.dispose())
+    schema = {"schema": place.schema} if isinstance(place, PostgresSchemaPlace) else {}
+    with Tasks(url, **schema) as tasks:
+        double = tasks.task(name="double")(lambda value: value * 2)
+
+        async def from_asyncio() -> Any:
+            run = await double.defer_async(1)
+            await tasks.aclose()
+            return run
+
+        first = asyncio.run(from_asyncio())
+        second = double.defer(2)
+        worker = tasks.worker()
+        try:
+            assert worker.run_until_idle() == 2
+        finally:
+            worker.close()
+        assert [first.result(timeout_s=0), second.result(timeout_s=0)] == [2, 4]
+    assert count(place, "occurrences") == 2

@@ -5,7 +5,8 @@
   async store (``open_async_store``, one per event loop) for the ``*_async`` forms.
 * An ``Engine`` or an open ``SchedulerStore``: sync calls use it; the async forms run the sync call
   in a thread (``asyncio.to_thread``).
-* An ``AsyncEngine`` or an ``AsyncSchedulerStore``: async calls use it; sync calls (and workers)
+* An ``AsyncEngine``, an ``AsyncSchedulerStore`` or an async driver's URL (``postgresql+asyncpg://…``,
+  ``sqlite+aiosqlite:///…``): async calls use it; sync calls (and workers)
   use a sync store opened on the same database with the matching sync driver (aiosqlite → pysqlite,
   asyncpg or async psycopg → psycopg) — for an async store, with its schema, clock and id factory.
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Engine
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import invalid_argument
@@ -76,6 +77,18 @@ def _sync_url(url: URL) -> str:
             "use a file for sync calls and workers"
         )
     return url.set(drivername=_SYNC_DRIVERS[backend]).render_as_string(hide_password=False)
+
+
+def _async_url(target: Any) -> URL | None:
+    """``target`` as a URL when it is one of an async driver (``postgresql+asyncpg://…``,
+    ``sqlite+aiosqlite:///…``), else ``None``."""
+    if not isinstance(target, str) or "://" not in target:
+        return None
+    try:
+        url = make_url(target)
+        return url if url.get_dialect().is_async else None
+    except Exception:  # unknown or malformed: open_store refuses it with its own error
+        return None
 
 
 def _options_of(store: SchedulerStore) -> dict[str, Any]:
@@ -139,7 +152,8 @@ class StoreSource:
             return _sync_url(target.url), keywords
         if is_async_store(target):
             return _sync_url(target._store.connection.engine.url), {**keywords, **_options_of(target._store)}
-        return target, keywords
+        url = _async_url(target)
+        return (target if url is None else _sync_url(url)), keywords
 
     def open_sync(self) -> SchedulerStore:
         """A new sync store on the target (the caller closes it)."""
