@@ -6,6 +6,8 @@ the same; ``get_async`` and ``await run.wait()``."""
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,3 +243,33 @@ def test_tasks_on_an_async_url_run_sync_calls_and_workers_with_the_sync_driver(p
             worker.close()
         assert [first.result(timeout_s=0), second.result(timeout_s=0)] == [2, 4]
     assert count(place, "occurrences") == 2
+
+
+def _connections(place: StorePlace, tag: str) -> int:
+    """Open connections to the place's database: PostgreSQL sessions named ``tag``, or this
+    process's file descriptors on the SQLite file."""
+    if isinstance(place, PostgresSchemaPlace):
+        rows = place.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = ?", (tag,))
+        return int(rows[0][0])
+    descriptors = Path("/proc/self/fd")
+    return sum(1 for fd in descriptors.iterdir() if os.path.realpath(fd) == str(place.path.resolve()))
+
+
+def test_concurrent_first_async_calls_open_one_async_store(place: StorePlace) -> None:
+    """Ten ``defer_async`` at once as a loop's first calls (a burst of first requests) share one
+    async store, and ``aclose()`` leaves no connection open."""
+    tag = f"tasks_test_{os.getpid()}"
+    if isinstance(place, PostgresSchemaPlace):
+        url = place.server.url.set(drivername="postgresql+psycopg_async", query={"application_name": tag})
+        tasks = Tasks(url.render_as_string(hide_password=False), schema=place.schema)
+    else:
+        tasks = Tasks(f"sqlite+aiosqlite:///{place.path}")
+    double = tasks.task(name="double")(lambda value: value * 2)
+
+    async def burst() -> list[int]:
+        runs = await asyncio.gather(*(double.defer_async(index) for index in range(10)))
+        opened = _connections(place, tag)
+        await tasks.aclose()
+        return [len({run.id for run in runs}), opened, _connections(place, tag)]
+
+    assert asyncio.run(burst()) == [10, 1, 0]  # ten runs, through one connection, closed

@@ -131,6 +131,9 @@ class StoreSource:
             weakref.WeakKeyDictionary()
         )
         self._opened_async: list[AsyncSchedulerStore] = []
+        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         reset_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -142,6 +145,7 @@ class StoreSource:
             self._sync = None
         self._async = weakref.WeakKeyDictionary()
         self._opened_async = []
+        self._opening = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------ sync
 
@@ -199,13 +203,23 @@ class StoreSource:
             return target
         loop = asyncio.get_running_loop()
         store = self._async.get(loop)
-        if store is None:
-            options = self.options.keywords()
-            store = await async_api().open_async_store(target, **options)
-            await store.run_sync(notify_settlements)
-            self._async[loop] = store
-            self._opened_async.append(store)
+        if store is not None:
+            return store
+        async with self._opening_lock(loop):  # concurrent first calls: one store, not one each
+            store = self._async.get(loop)
+            if store is None:
+                store = await async_api().open_async_store(target, **self.options.keywords())
+                await store.run_sync(notify_settlements)
+                self._async[loop] = store
+                self._opened_async.append(store)
         return store
+
+    def _opening_lock(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+        with self._lock:
+            lock = self._opening.get(loop)
+            if lock is None:
+                lock = self._opening[loop] = asyncio.Lock()
+            return lock
 
     # ------------------------------------------------------------------ closing
 
