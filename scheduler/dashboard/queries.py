@@ -1,0 +1,215 @@
+"""The overview's figures and chart, read through indexes only (read-only).
+
+Nothing here sorts or counts an unbounded set. A count walks an index range and stops after
+:data:`WINDOW` + 1 entries (shown as "≥ 10,000" beyond that); a figure that no index serves is
+computed over a bounded window and says so. The indexes used (``scheduler/schema/ddl.py``):
+
+* ``scheduler_occurrences_claim`` (status, available_at, lease_expires_at, scheduled_for,
+  occurrence_id): counts per status, the oldest due occurrence, running and expired leases;
+* the ``events`` primary key: the newest events, for the throughput chart;
+* ``scheduler_occurrence_controls_state`` and ``scheduler_adjudications_status``: paused runs and
+  recorded adjudications.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Select, exists, func, select
+
+from scheduler.contract.constants import DEAD_LETTER, OCCURRENCE_STATUSES, RUNNING
+from scheduler.schema import tables as t
+from scheduler.store.dead_letters import OUTCOME_UNKNOWN_GLOB
+from scheduler.store.dialect import glob_match, json_text_field
+from scheduler.store.stats import DEPTH_STATUSES, oldest_due_in
+from scheduler.store.tx import Tx
+
+WINDOW: Final = 10_000
+"""Rows a count, or a filter no index serves, reads at most."""
+
+_o, _j, _e = t.occurrences, t.jobs, t.events
+_c, _a = t.occurrence_controls, t.adjudications
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """A count that stopped at :data:`WINDOW` + 1 rows: ``at_least`` means "this many or more"."""
+
+    value: int
+    at_least: bool = False
+
+    def __str__(self) -> str:
+        return f"≥ {self.value:,}" if self.at_least else f"{self.value:,}"
+
+
+def capped_count(tx: Tx, rows: Select[Any]) -> Count:
+    """How many rows ``rows`` selects, reading at most ``WINDOW + 1`` of them."""
+    window = rows.limit(WINDOW + 1).subquery()
+    found = int(tx.scalar(select(func.count()).select_from(window)) or 0)
+    return Count(WINDOW, True) if found > WINDOW else Count(found)
+
+
+def status_count(tx: Tx, status: str) -> Count:
+    return capped_count(tx, select(_o.c.occurrence_id).where(_o.c.status == status))
+
+
+@dataclass(frozen=True, slots=True)
+class DepthRow:
+    """One queue (job kind): its occurrences per status (lower bounds where the status's window
+    was full, see :attr:`Overview.depth_sampled`)."""
+
+    kind: str
+    counts: dict[str, Count]
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """What the overview page shows, read in one snapshot at ``now``."""
+
+    now: int
+    statuses: dict[str, Count]
+    depth: list[DepthRow]
+    depth_sampled: tuple[str, ...]
+    """Statuses with more than ``WINDOW`` occurrences: their per-queue figures count the first
+    ``WINDOW`` + 1 index entries only, and are shown as lower bounds."""
+    oldest_due_at: int | None
+    expired_leases: Count
+    paused: Count
+    pause_requested: Count
+    adjudications_pending: Count
+    awaiting_decision: Count
+    """Outcome-unknown dead letters without a decision among the newest ``WINDOW`` dead letters."""
+    awaiting_window_full: bool
+
+    @property
+    def oldest_due_age_ms(self) -> int | None:
+        return None if self.oldest_due_at is None else max(0, self.now - self.oldest_due_at)
+
+
+def _depth(tx: Tx, statuses: dict[str, Count]) -> tuple[list[DepthRow], tuple[str, ...]]:
+    by_kind: dict[str, dict[str, Count]] = {}
+    sampled: list[str] = []
+    for status in DEPTH_STATUSES:
+        if statuses[status].value == 0:
+            continue
+        window = select(_o.c.job_id).where(_o.c.status == status).limit(WINDOW + 1).subquery()
+        query = (
+            select(_j.c.kind, func.count().label("total"))
+            .select_from(window.join(_j, _j.c.job_id == window.c.job_id))
+            .group_by(_j.c.kind)
+        )
+        full = statuses[status].at_least
+        if full:
+            sampled.append(status)
+        for row in tx.execute(query):
+            by_kind.setdefault(row.kind, {})[status] = Count(int(row.total), full)
+    rows = [DepthRow(kind, counts) for kind, counts in sorted(by_kind.items())]
+    return rows, tuple(sampled)
+
+
+def newest_dead_letters_window(limit: int = WINDOW) -> Select[Any]:
+    """The newest ``limit`` dead letters by ``available_at`` (``scheduler_occurrences_claim``, backwards)."""
+    return (
+        select(_o)
+        .where(_o.c.status == DEAD_LETTER)
+        .order_by(
+            _o.c.available_at.desc(),
+            _o.c.lease_expires_at.desc(),
+            _o.c.scheduled_for.desc(),
+            _o.c.occurrence_id.desc(),
+        )
+        .limit(limit)
+    )
+
+
+def awaiting_decision_filter(rows: Any) -> list[Any]:
+    """Outcome-unknown dead letters with no adjudication row (``rows``: a selectable of occurrences)."""
+    return [
+        glob_match(json_text_field(rows.c.last_error_json, "code"), OUTCOME_UNKNOWN_GLOB),
+        ~exists().where(_a.c.occurrence_id == rows.c.occurrence_id),
+    ]
+
+
+def overview_in(tx: Tx, now: int) -> Overview:
+    statuses = {status: status_count(tx, status) for status in OCCURRENCE_STATUSES}
+    depth, sampled = _depth(tx, statuses)
+    expired = capped_count(
+        tx, select(_o.c.occurrence_id).where(_o.c.status == RUNNING, _o.c.lease_expires_at <= now)
+    )
+    window = newest_dead_letters_window().subquery()
+    awaiting = capped_count(tx, select(window.c.occurrence_id).where(*awaiting_decision_filter(window)))
+    return Overview(
+        now=now,
+        statuses=statuses,
+        depth=depth,
+        depth_sampled=sampled,
+        oldest_due_at=oldest_due_in(tx, now),
+        expired_leases=expired,
+        paused=capped_count(tx, select(_c.c.occurrence_id).where(_c.c.state == "paused")),
+        pause_requested=capped_count(tx, select(_c.c.occurrence_id).where(_c.c.state == "pause_requested")),
+        adjudications_pending=capped_count(tx, select(_a.c.occurrence_id).where(_a.c.status == "pending")),
+        awaiting_decision=awaiting,
+        awaiting_window_full=statuses[DEAD_LETTER].at_least,
+    )
+
+
+# --------------------------------------------------------------------------- the chart
+
+SERIES: Final = {
+    "occurrence_enqueued": "enqueued",
+    "occurrence_succeeded": "succeeded",
+    "occurrence_retry_scheduled": "failed, retrying",
+    "occurrence_dead_lettered": "dead-lettered",
+}
+_BUCKETS: Final = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 10800, 21600, 43200, 86400, 604800)
+"""Bucket widths in seconds; the narrowest that keeps the chart within :data:`MAX_BUCKETS`."""
+MAX_BUCKETS: Final = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Event counts per time bucket and series, over the newest ``WINDOW`` events."""
+
+    start: int
+    bucket_ms: int
+    labels: list[int]
+    series: dict[str, list[int]]
+    events: int
+    window_full: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "bucketMs": self.bucket_ms,
+            "labels": self.labels,
+            "series": self.series,
+            "events": self.events,
+            "windowFull": self.window_full,
+        }
+
+
+def throughput_in(tx: Tx, now: int) -> Throughput:
+    """The newest ``WINDOW`` events (primary key, backwards), bucketed from the oldest of them to ``now``."""
+    window = select(_e.c.occurred_at, _e.c.event_type).order_by(_e.c.event_id.desc()).limit(WINDOW)
+    rows = [(int(row.occurred_at), str(row.event_type)) for row in tx.execute(window)]
+    oldest = min((at for at, _ in rows), default=now)
+    end = max(now, max((at for at, _ in rows), default=now))
+    span_s = max(1, (end - oldest) // 1000 + 1)
+    width_s = next((width for width in _BUCKETS if span_s / width <= MAX_BUCKETS), _BUCKETS[-1])
+    bucket_ms = width_s * 1000
+    start = (max(oldest, end - bucket_ms * MAX_BUCKETS) // bucket_ms) * bucket_ms
+    buckets = max(1, (end - start) // bucket_ms + 1)
+    tally: Counter[tuple[str, int]] = Counter(
+        (SERIES[kind], (at - start) // bucket_ms) for at, kind in rows if kind in SERIES and at >= start
+    )
+    series = {name: [tally[(name, index)] for index in range(buckets)] for name in SERIES.values()}
+    return Throughput(
+        start=start,
+        bucket_ms=bucket_ms,
+        labels=[start + index * bucket_ms for index in range(buckets)],
+        series=series,
+        events=len(rows),
+        window_full=len(rows) >= WINDOW,
+    )

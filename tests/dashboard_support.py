@@ -1,0 +1,163 @@
+"""A small, realistic queue for the dashboard's tests, built through the store's own methods, and a
+dashboard served by uvicorn on 127.0.0.1 (a free port) in a thread of the test process.
+
+``seed(store)`` leaves runs in every status: queued, running (two workers, one lease expired),
+retry_wait, succeeded, dead letters (one with a hostile payload), an outcome-unknown dead letter
+awaiting adjudication, a paused run and one whose pause was requested; jobs with cron, interval and
+event triggers in three queues, one job with a hostile id.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import uvicorn
+
+from scheduler import SchedulerStore
+
+AUTHORITY: Final = {"principal": {"type": "service", "id": "shop"}, "workspaceId": "ws-main"}
+HOSTILE_TEXT: Final = '<script>alert("pwned")</script> \'quoted\' \u202eevil\u202c zero\u200bwidth'
+HOSTILE_JOB_ID: Final = 'evil.<script>alert(1)</script>"\u202egnp.exe'
+PAUSE_CAPABILITY: Final = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint"]}
+LEASE_MS: Final = 3_600_000
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """The ids of the runs the tests look at."""
+
+    queued: list[str]
+    running: str
+    expired: str
+    retry_wait: str
+    succeeded: str
+    dead_letter: str
+    hostile: str
+    outcome_unknown: str
+    paused: str
+    pause_requested: str
+
+
+def _claim(store: SchedulerStore, occurrence_id: str, owner: str, lease_ms: int = LEASE_MS) -> Any:
+    claimed = store.claim_occurrence(occurrence_id=occurrence_id, owner_id=owner, lease_ms=lease_ms)
+    assert claimed is not None, occurrence_id
+    return claimed
+
+
+def _fail(store: SchedulerStore, occurrence: Any, code: str, message: str, retryable: bool = False) -> Any:
+    return store.settle(
+        occurrence_id=occurrence.id,
+        owner_id=occurrence.lease_owner,
+        fence=occurrence.fence,
+        outcome="failed",
+        error={"code": code, "message": message},
+        retryable=retryable,
+    )
+
+
+def seed(store: SchedulerStore, now: int) -> Seeded:
+    """Jobs and runs in every state (``now``: the store clock's current time, epoch ms)."""
+    jobs = {
+        "emails.send_welcome": ("emails", {"type": "event"}, 3),
+        "reports.daily": ("reports", {"type": "cron", "expression": "0 8 * * *", "timezone": "Europe/Berlin"}, 3),
+        "billing.charge": ("billing", {"type": "interval", "everyMs": 900_000, "anchor": 0}, 1),
+        HOSTILE_JOB_ID: ("emails", {"type": "event"}, 1),
+    }
+    for job_id, (kind, trigger, attempts) in jobs.items():
+        store.create_job(id=job_id, kind=kind, authority=AUTHORITY, trigger=trigger, max_attempts=attempts)
+
+    def enqueue(job_id: str, key: str, payload: Any, delay: int = 0) -> str:
+        return store.enqueue_occurrence(
+            job_id=job_id, scheduled_for=now - 60_000 + delay, trigger_key=key, payload=payload
+        ).id
+
+    queued = [enqueue("emails.send_welcome", f"welcome-{user}", {"userId": user}) for user in range(1, 6)]
+    running = _claim(store, enqueue("billing.charge", "interval:1", {"invoice": 17}), "worker-a")
+    retry = _fail(
+        store,
+        _claim(store, enqueue("reports.daily", "cron:2026-01-01T07:00:00.000Z", {"day": 1}), "worker-a"),
+        "TIMEOUT",
+        "report took too long",
+        retryable=True,
+    )
+    done = _claim(store, enqueue("reports.daily", "cron:2026-01-02T07:00:00.000Z", {"day": 2}), "worker-a")
+    store.settle(
+        occurrence_id=done.id, owner_id="worker-a", fence=done.fence, outcome="succeeded", result={"rows": 1200}
+    )
+    dead = _fail(
+        store, _claim(store, enqueue(HOSTILE_JOB_ID, "plain", {"to": "a@example.com"}), "worker-a"), "SMTP_REFUSED", "550"
+    )
+    hostile = _fail(
+        store,
+        _claim(store, enqueue("billing.charge", "hostile", {"note": HOSTILE_TEXT}), "worker-b"),
+        "BAD_INPUT",
+        HOSTILE_TEXT,
+    )
+    unknown = _fail(
+        store,
+        _claim(store, enqueue("billing.charge", "unknown", {"invoice": 19}), "worker-a"),
+        "PAYMENT_OUTCOME_UNKNOWN",
+        "the gateway timed out after the charge was sent",
+    )
+    paused = _claim(store, enqueue("reports.daily", "cron:2026-01-03T07:00:00.000Z", {"day": 3}), "worker-c")
+    control = store.request_occurrence_pause(
+        occurrence_id=paused.id, expected_fence=paused.fence, request_id="pause-1", capability=PAUSE_CAPABILITY
+    )
+    store.ack_occurrence_pause(
+        occurrence_id=paused.id,
+        owner_id="worker-c",
+        fence=paused.fence,
+        request_id="pause-1",
+        expected_revision=control.revision,
+        safe_point="adapter_checkpoint",
+        checkpoint={"page": 7},
+    )
+    asked = _claim(store, enqueue("reports.daily", "cron:2026-01-04T07:00:00.000Z", {"day": 4}), "worker-c")
+    store.request_occurrence_pause(
+        occurrence_id=asked.id, expected_fence=asked.fence, request_id="pause-2", capability=PAUSE_CAPABILITY
+    )
+    # Last: any later claim would first sweep this expired final attempt into a dead letter.
+    expired = _claim(store, enqueue("billing.charge", "interval:2", {"invoice": 18}), "worker-b", lease_ms=1)
+    return Seeded(
+        queued=queued,
+        running=running.id,
+        expired=expired.id,
+        retry_wait=retry.id,
+        succeeded=done.id,
+        dead_letter=dead.id,
+        hostile=hostile.id,
+        outcome_unknown=unknown.id,
+        paused=paused.id,
+        pause_requested=asked.id,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on 127.0.0.1 in a thread; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
