@@ -464,6 +464,10 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
         key(lambda s, w, v: s.list_controllable_occurrences(job_kinds=["agenda", v]), 128),
     ],
     "prune": [closed(lambda s, w, v: s.prune(older_than_ms=0, dry_run=True, statuses=[v]))],
+    "cancel_occurrence": [
+        key(lambda s, w, v: s.cancel_occurrence(occurrence_id=v)),
+        other(lambda s, w, v: s.cancel_occurrence(occurrence_id="occ-missing", reason=v)),
+    ],
     "requeue_dead_letter": [
         key(lambda s, w, v: s.requeue_dead_letter(
             occurrence_id=v, expected_fence=1, expected_error_code="E", request_id="r")),

@@ -181,7 +181,8 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
     "requeue_dead_letter": lambda s: s.requeue_dead_letter(
         occurrence_id="o", expected_fence=1, expected_error_code="", request_id="r"
     ),
-    # beyond the original: maintenance, validated like a write
+    # beyond the original: cancellation and maintenance, validated like writes
+    "cancel_occurrence": lambda s: s.cancel_occurrence(occurrence_id="o", reason=7),
     "prune": lambda s: s.prune(older_than_ms=-1),
 }
 NO_ARGUMENTS = frozenset(

@@ -188,6 +188,8 @@ class AsyncSchedulerStore:
     ack_occurrence_pause = _coroutine(SchedulerStore.ack_occurrence_pause)
     resume_occurrence = _coroutine(SchedulerStore.resume_occurrence)
     requeue_dead_letter = _coroutine(SchedulerStore.requeue_dead_letter)
+    # Cancellation (beyond the original)
+    cancel_occurrence = _coroutine(SchedulerStore.cancel_occurrence)
     # Worker reads, statistics, pruning (beyond the original)
     get_occurrence_runtime = _coroutine(SchedulerStore.get_occurrence_runtime)
     list_controllable_occurrences = _coroutine(SchedulerStore.list_controllable_occurrences)

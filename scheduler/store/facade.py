@@ -14,6 +14,7 @@ from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.store import dialects
 from scheduler.store.adjudication import AdjudicationOperations
 from scheduler.store.authority import AuthorityOperations
+from scheduler.store.cancellation import CancellationOperations
 from scheduler.store.clock import wall_clock
 from scheduler.store.history import HistoryOperations
 from scheduler.store.jobs import JobOperations
@@ -55,6 +56,7 @@ class SchedulerStore(
     AuthorityOperations,
     AdjudicationOperations,
     RuntimeControlOperations,
+    CancellationOperations,
     DomainMigrationOperations,
     WorkerReadOperations,
     StatsOperations,

@@ -3,7 +3,8 @@
 Every state change already appends an ``events`` row (``Tx.insert_events``). The runner that owns
 the operation turns the rows of a committed transaction into one log record each, on the
 ``scheduler.events`` logger, with structured ``extra`` fields: ``event`` (the event type), ``state``
-(``claimed``, ``renewed``, ``settled``, ``retried``, ``dead-lettered``, ``reclaimed``, ``swept``, …),
+(``claimed``, ``renewed``, ``settled``, ``retried``, ``dead-lettered``, ``reclaimed``, ``swept``,
+``cancelled``, …),
 ``occurrence``, ``job``, ``kind``, ``owner``, ``fence``, ``attempt``. Records are emitted after
 COMMIT when the store owns the transaction (``store.transaction()``: after the block commits; nothing
 for a rolled-back one), and at the end of each operation inside a caller's transaction
@@ -54,6 +55,7 @@ STATES: Final[Mapping[str, tuple[str, int]]] = {
     "occurrence_paused": ("paused", _INFO),
     "occurrence_resume_requested": ("resumed", _INFO),
     "occurrence_requeued": ("requeued", _INFO),
+    "occurrence_cancelled": ("cancelled", _WARNING),
     "occurrence_adjudication_recorded": ("adjudicated", _INFO),
 }
 SWEPT: Final = ("swept", _WARNING)
@@ -212,7 +214,7 @@ class StateChanges:
             self.metrics["claims"].add(1, {"kind": kind, "reclaimed": event == "occurrence_reclaimed"})
         outcome = _SETTLEMENT_OUTCOMES.get(event)
         if outcome is not None:
-            reason = "lease_expired" if data.get("reason") == "lease_expired" else "settled"
+            reason = data.get("reason") if data.get("reason") in ("lease_expired", "cancelled") else "settled"
             self.metrics["settlements"].add(1, {"kind": kind, "outcome": outcome, "reason": reason})
 
 
