@@ -9,20 +9,32 @@ event triggers in three queues, one job with a hostile id.
 
 from __future__ import annotations
 
+import http.cookiejar
+import re
 import socket
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
+import pytest
 import uvicorn
+from backends import POSTGRESQL, SQLITE, PostgresServer, unique_name
+from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace
 
 from scheduler import SchedulerStore
+from scheduler.dashboard import create_app
 
 AUTHORITY: Final = {"principal": {"type": "service", "id": "shop"}, "workspaceId": "ws-main"}
-HOSTILE_TEXT: Final = '<script>alert("pwned")</script> \'quoted\' \u202eevil\u202c zero\u200bwidth'
+HOSTILE_TEXT: Final = (
+    '<script>window.__pwned = 1; alert("pwned")</script><img src=x onerror="window.__pwned = 2">'
+    " 'quoted' \u202eevil\u202c zero\u200bwidth"
+)
 HOSTILE_JOB_ID: Final = 'evil.<script>alert(1)</script>"\u202egnp.exe'
 PAUSE_CAPABILITY: Final = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint"]}
 LEASE_MS: Final = 3_600_000
@@ -65,7 +77,11 @@ def seed(store: SchedulerStore, now: int) -> Seeded:
     """Jobs and runs in every state (``now``: the store clock's current time, epoch ms)."""
     jobs = {
         "emails.send_welcome": ("emails", {"type": "event"}, 3),
-        "reports.daily": ("reports", {"type": "cron", "expression": "0 8 * * *", "timezone": "Europe/Berlin"}, 3),
+        "reports.daily": (
+            "reports",
+            {"type": "cron", "expression": "0 8 * * *", "timezone": "Europe/Berlin"},
+            3,
+        ),
         "billing.charge": ("billing", {"type": "interval", "everyMs": 900_000, "anchor": 0}, 1),
         HOSTILE_JOB_ID: ("emails", {"type": "event"}, 1),
     }
@@ -88,11 +104,14 @@ def seed(store: SchedulerStore, now: int) -> Seeded:
     )
     done = _claim(store, enqueue("reports.daily", "cron:2026-01-02T07:00:00.000Z", {"day": 2}), "worker-a")
     store.settle(
-        occurrence_id=done.id, owner_id="worker-a", fence=done.fence, outcome="succeeded", result={"rows": 1200}
+        occurrence_id=done.id,
+        owner_id="worker-a",
+        fence=done.fence,
+        outcome="succeeded",
+        result={"rows": 1200},
     )
-    dead = _fail(
-        store, _claim(store, enqueue(HOSTILE_JOB_ID, "plain", {"to": "a@example.com"}), "worker-a"), "SMTP_REFUSED", "550"
-    )
+    plain = _claim(store, enqueue(HOSTILE_JOB_ID, "plain", {"to": "a@example.com"}), "worker-a")
+    dead = _fail(store, plain, "SMTP_REFUSED", "550 mailbox unavailable")
     hostile = _fail(
         store,
         _claim(store, enqueue("billing.charge", "hostile", {"note": HOSTILE_TEXT}), "worker-b"),
@@ -107,7 +126,10 @@ def seed(store: SchedulerStore, now: int) -> Seeded:
     )
     paused = _claim(store, enqueue("reports.daily", "cron:2026-01-03T07:00:00.000Z", {"day": 3}), "worker-c")
     control = store.request_occurrence_pause(
-        occurrence_id=paused.id, expected_fence=paused.fence, request_id="pause-1", capability=PAUSE_CAPABILITY
+        occurrence_id=paused.id,
+        expected_fence=paused.fence,
+        request_id="pause-1",
+        capability=PAUSE_CAPABILITY,
     )
     store.ack_occurrence_pause(
         occurrence_id=paused.id,
@@ -148,7 +170,8 @@ def free_port() -> int:
 def serve(app: Any) -> Iterator[str]:
     """``app`` served by uvicorn on 127.0.0.1 in a thread; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -161,3 +184,104 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+# --------------------------------------------------------------------------- a served dashboard per backend
+
+
+@dataclass
+class Site:
+    """A seeded store on one backend, its dashboard served on 127.0.0.1, and a view of its tables."""
+
+    backend: str
+    place: StorePlace
+    store: SchedulerStore
+    seeded: Seeded
+    base: str
+
+    def dump(self) -> dict[str, Any]:
+        return self.place.dump()
+
+
+@pytest.fixture(scope="module", params=[SQLITE, pytest.param(POSTGRESQL, marks=pytest.mark.postgresql)])
+def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """One seeded database and dashboard per backend for the whole module (a test that acts
+    creates the runs it acts on, or acts on a seeded run no other test of the module uses)."""
+    place: StorePlace
+    if request.param == SQLITE:
+        place = SqliteFilePlace(tmp_path_factory.mktemp("dashboard") / "kernel.sqlite")
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        place = PostgresSchemaPlace(server, server.empty_schema(unique_name("t_dashboard")))
+    store = place.open()
+    try:
+        seeded = seed(store, store.clock())
+        with serve(create_app(store, refresh_ms=1_000)) as base:
+            yield Site(request.param, place, store, seeded, base)
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------- an HTTP client (stdlib)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: Any
+    text: str
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class Client:
+    """A browser-like HTTP client without JavaScript: keeps cookies, does not follow redirects."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.cookies = http.cookiejar.CookieJar()
+        self._opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(self.cookies), _NoRedirect
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        fields: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        data = None if fields is None else urllib.parse.urlencode(fields).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        try:
+            with self._opener.open(request, timeout=30) as response:
+                return Answer(response.status, response.headers, response.read().decode())
+        except urllib.error.HTTPError as error:
+            return Answer(error.code, error.headers, error.read().decode())
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> Answer:
+        return self.request("GET", path, headers=headers)
+
+    def post(self, path: str, fields: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
+        return self.request("POST", path, fields, headers)
+
+    def csrf(self, path: str = "/") -> str:
+        """The CSRF token of this client's session, read from a page's forms (starts a session)."""
+        page = self.get(path).text
+        found = re.search(r'<meta name="csrf-token" content="([^"]+)">', page)
+        assert found is not None, page[:500]
+        return found.group(1)
+
+    def act(self, name: str, fields: dict[str, Any], *, return_to: str = "/") -> Answer:
+        """POST an action with this session's CSRF token; then the page it returned to (its flash)."""
+        answer = self.post(f"/actions/{name}", {**fields, "csrf_token": self.csrf(), "return_to": return_to})
+        assert answer.status == 303, (answer.status, answer.text)
+        return self.get(urllib.parse.urlsplit(answer.headers["location"]).path + _query(answer))
+
+
+def _query(answer: Answer) -> str:
+    query = urllib.parse.urlsplit(answer.headers["location"]).query
+    return f"?{query}" if query else ""

@@ -4,7 +4,7 @@
 before the command or after it, picks the scheduler's schema there, default ``scheduler``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
 ``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and ``prune``
-write. Every read command takes ``--json``.
+write; ``dashboard`` serves the web dashboard. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from scheduler import bench
-from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
+from scheduler.cli import dashboard_cmd, demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
 from scheduler.cli.common import DbOption, SchemaOption, configure_logging, set_root_db
 
 app = typer.Typer(
@@ -57,6 +57,7 @@ app.command("pause")(ops.pause_command)
 app.command("resume")(ops.resume_command)
 app.command("prune")(ops.prune_command)
 app.command("stats")(ops.stats_command)
+app.command("dashboard")(dashboard_cmd.dashboard_command)
 bench.register(app)
 
 

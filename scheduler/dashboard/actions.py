@@ -144,7 +144,7 @@ class BulkResult:
         return text
 
 
-def _bulk(store: SchedulerStore, runs: RunFilter, act: Callable[[Any], None]) -> BulkResult:
+def _bulk(store: SchedulerStore, runs: RunFilter, act: Callable[[Any], object]) -> BulkResult:
     done, refused, cursor = 0, dict[str, int](), None
     seen = 0
     for _ in range(BULK_WINDOWS):

@@ -182,6 +182,11 @@ async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
+async def _unauthorized(send: Send, reason: str) -> None:
+    text = f"401 Unauthorized: {reason} (Authorization: Bearer <token>, or ?token=<token> once)"
+    await _plain(send, 401, text, [(b"www-authenticate", b'Bearer realm="scheduler dashboard"')])
+
+
 class SecurityMiddleware:
     """Host check, token, session cookie and security headers around the dashboard (pure ASGI)."""
 
@@ -207,13 +212,7 @@ class SecurityMiddleware:
             authorization = _header(scope, b"authorization") or ""
             scheme, _, offered = authorization.partition(" ")
             if scheme.lower() != "bearer" or not guard.token_ok(offered.strip()):
-                await _plain(
-                    send,
-                    401,
-                    "401 Unauthorized: this dashboard needs its token "
-                    "(Authorization: Bearer <token>, or ?token=<token> once)",
-                    [(b"www-authenticate", b'Bearer realm="scheduler dashboard"')],
-                )
+                await _unauthorized(send, "this dashboard needs its token")
                 return
         new_cookie = None
         if session is None:
@@ -242,7 +241,7 @@ class SecurityMiddleware:
         if not offered:
             return False
         if not self.guard.token_ok(offered[0]):
-            await _plain(send, 401, "401 Unauthorized: wrong token", [])
+            await _unauthorized(send, "wrong token")
             return True
         _, cookie = self.guard.new_session()
         rest = urlencode([(name, value) for name, value in query if name != "token"])
