@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Final
 
 import typer
@@ -29,6 +32,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+@contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """SIGTERM/SIGINT end the server and then the command with exit 0: uvicorn handles the first
+    signal and, once stopped, raises it again for the handler it found, which is this no-op one
+    (Python's own would turn SIGINT into KeyboardInterrupt and SIGTERM would kill the process)."""
+    previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    for number in previous:
+        signal.signal(number, lambda *_: None)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @command
@@ -101,4 +119,5 @@ def dashboard_command(
             server_header=False,
             lifespan="off",
         )
-        uvicorn.Server(config).run()  # returns on SIGTERM/SIGINT; exits 1 if it cannot listen
+        with _signals_end_the_run():
+            uvicorn.Server(config).run()  # returns on SIGTERM/SIGINT; exits 1 if it cannot listen
