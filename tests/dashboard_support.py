@@ -29,6 +29,7 @@ from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace
 
 from scheduler import SchedulerStore
 from scheduler.dashboard import create_app
+from scheduler.testing import SchedulerClock
 
 AUTHORITY: Final = {"principal": {"type": "service", "id": "shop"}, "workspaceId": "ws-main"}
 HOSTILE_TEXT: Final = (
@@ -160,6 +161,36 @@ def seed(store: SchedulerStore, now: int) -> Seeded:
     )
 
 
+HISTORY_MINUTES: Final = 40
+
+
+def seed_history(store: SchedulerStore, clock: SchedulerClock) -> None:
+    """The last ``HISTORY_MINUTES`` minutes of a worker's life in the ``reports`` queue, minute by
+    minute (``clock`` starts that long ago): runs enqueued, claimed and settled, some failing."""
+    store.create_job(id="reports.hourly", kind="reports", authority=AUTHORITY, max_attempts=2)
+    for minute in range(HISTORY_MINUTES):
+        count = 2 + minute % 4
+        store.enqueue_many(
+            [
+                {"job_id": "reports.hourly", "scheduled_for": clock.now, "trigger_key": f"m{minute}-{n}"}
+                for n in range(count)
+            ]
+        )
+        clock.advance(20_000)
+        claimed = store.claim_batch(owner_id="worker-history", lease_ms=60_000, limit=10)
+        clock.advance(20_000)
+        settlements = []
+        for n, occurrence in enumerate(claimed):
+            base = {"occurrence_id": occurrence.id, "owner_id": "worker-history", "fence": occurrence.fence}
+            if (minute + n) % 5:
+                settlements.append({**base, "outcome": "succeeded", "result": {"pages": n}})
+            else:
+                error = {"code": "UPSTREAM_502", "message": "bad gateway"}
+                settlements.append({**base, "outcome": "failed", "error": error, "retry_at": clock.now})
+        store.settle_many(settlements)
+        clock.advance(20_000)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -213,6 +244,10 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     else:
         server: PostgresServer = request.getfixturevalue("postgres_server")
         place = PostgresSchemaPlace(server, server.empty_schema(unique_name("t_dashboard")))
+    start = int(time.time() * 1000) - HISTORY_MINUTES * 60_000
+    history_clock = SchedulerClock(start)
+    with place.open(clock=history_clock) as history:
+        seed_history(history, history_clock)
     store = place.open()
     try:
         seeded = seed(store, store.clock())

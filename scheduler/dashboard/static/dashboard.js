@@ -12,7 +12,8 @@
     var d = new Date(ms);
     var iso = d.toISOString();
     if (bucketMs >= 86400000) return iso.slice(0, 10);
-    if (bucketMs >= 60000) return iso.slice(5, 16).replace("T", " ");
+    if (bucketMs >= 3600000) return iso.slice(5, 16).replace("T", " ");
+    if (bucketMs >= 60000) return iso.slice(11, 16);
     return iso.slice(11, 19);
   }
 
@@ -73,6 +74,16 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     Array.prototype.forEach.call(document.querySelectorAll(".chart-box[data-src]"), startChart);
+  });
+
+  // The live part is not refreshed while the operator points at or types in it (a button would
+  // otherwise be replaced under the mouse).
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var live = event.detail && event.detail.elt;
+    if (!live || live.id !== "live") return;
+    if (live.querySelector("form:hover, button:hover, input:focus, select:focus, a:focus")) {
+      event.preventDefault();
+    }
   });
 
   // Forms marked data-confirm ask before they submit (bulk actions).
