@@ -87,7 +87,7 @@ def _walk_all(store: SchedulerStore, runs_filter: RunFilter, page: int) -> tuple
         if found.searched_window and found.order != "recent":
             orders.add("window")
         assert len(found.rows) <= page
-        seen.extend(row.occurrence for row in found.rows)
+        seen.extend(found.rows)
         if found.next_cursor is None:
             return seen, orders
         cursor = found.next_cursor

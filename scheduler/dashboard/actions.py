@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Final
 
 from scheduler.contract.constants import (
     DEAD_LETTER,
@@ -29,7 +29,7 @@ from scheduler.contract.digests import (
 )
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.dashboard.format import error_code
-from scheduler.dashboard.runs import RunFilter, list_runs_in
+from scheduler.dashboard.runs import RunFilter, RunRow, list_runs_in
 from scheduler.store.facade import SchedulerStore
 
 BULK_LIMIT: Final = 500
@@ -144,7 +144,7 @@ class BulkResult:
         return text
 
 
-def _bulk(store: SchedulerStore, runs: RunFilter, act: Callable[[Any], object]) -> BulkResult:
+def _bulk(store: SchedulerStore, runs: RunFilter, act: Callable[[RunRow], object]) -> BulkResult:
     done, refused, cursor = 0, dict[str, int](), None
     seen = 0
     for _ in range(BULK_WINDOWS):
@@ -152,7 +152,7 @@ def _bulk(store: SchedulerStore, runs: RunFilter, act: Callable[[Any], object]) 
         for row in page.rows:
             seen += 1
             try:
-                act(row.occurrence)
+                act(row)
                 done += 1
             except SchedulerKernelError as error:
                 refused[error.code] = refused.get(error.code, 0) + 1
@@ -167,7 +167,7 @@ def _bulk(store: SchedulerStore, runs: RunFilter, act: Callable[[Any], object]) 
 def bulk_requeue(store: SchedulerStore, form: Form) -> str:
     runs = RunFilter.from_params(form, status=DEAD_LETTER)
 
-    def act(occurrence: Any) -> None:
+    def act(occurrence: RunRow) -> None:
         code = error_code(occurrence.last_error)
         if code is None:
             raise SchedulerKernelError("SCHEDULER_REQUEUE_CONFLICT", "dead letter without an error code")

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from scheduler.contract.constants import DEAD_LETTER, RUNNING
 from scheduler.dashboard.queries import WINDOW, awaiting_decision_filter, newest_dead_letters_window
 from scheduler.schema import tables as t
-from scheduler.store.adjudication import load_adjudication_case, map_adjudication
+from scheduler.store.adjudication import candidate_cases, load_adjudication_case, map_adjudication
 from scheduler.store.authority import load_authority_reservation, load_occurrence
 from scheduler.store.history import read_events
 from scheduler.store.records import (
@@ -38,6 +38,7 @@ TIMELINE: Final = 200
 JOBS_PAGE: Final = 100
 LIST_LIMIT: Final = 100
 LEASES_PER_OWNER: Final = 25
+CASES_LIMIT: Final = 50
 
 _o, _j, _c, _a = t.occurrences, t.jobs, t.occurrence_controls, t.adjudications
 
@@ -204,14 +205,10 @@ def _adjudications(tx: Tx, status: str, limit: int) -> list[Adjudication]:
     return [record for record in map(map_adjudication, tx.execute(query)) if record is not None]
 
 
-def cases_in(tx: Tx, limit: int = LIST_LIMIT) -> Cases:
+def cases_in(tx: Tx, limit: int = CASES_LIMIT) -> Cases:
     window = newest_dead_letters_window().subquery()
-    candidates = select(window.c.occurrence_id).where(*awaiting_decision_filter(window)).limit(limit)
-    awaiting: list[AdjudicationCase] = []
-    for row in tx.execute(candidates):
-        case = load_adjudication_case(tx, row.occurrence_id)
-        if case is not None and case.eligible:
-            awaiting.append(case)
+    candidates = list(tx.execute(select(window).where(*awaiting_decision_filter(window)).limit(limit)))
+    awaiting = [case for case in candidate_cases(tx, candidates) if case.eligible]
     return Cases(awaiting, _adjudications(tx, "pending", limit), _adjudications(tx, "applied", limit))
 
 

@@ -13,7 +13,6 @@ computed over a bounded window and says so. The indexes used (``scheduler/schema
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -191,25 +190,37 @@ class Throughput:
 
 
 def throughput_in(tx: Tx, now: int) -> Throughput:
-    """The newest ``WINDOW`` events (primary key, backwards), bucketed from the oldest of them to ``now``."""
-    window = select(_e.c.occurred_at, _e.c.event_type).order_by(_e.c.event_id.desc()).limit(WINDOW)
-    rows = [(int(row.occurred_at), str(row.event_type)) for row in tx.execute(window)]
-    oldest = min((at for at, _ in rows), default=now)
-    end = max(now, max((at for at, _ in rows), default=now))
+    """The newest ``WINDOW`` events (primary key, backwards), counted per bucket from the oldest of
+    them to ``now`` (two aggregates over the same window, computed by the database)."""
+    window = select(_e.c.occurred_at, _e.c.event_type).order_by(_e.c.event_id.desc()).limit(WINDOW).subquery()
+    occurred = window.c.occurred_at
+    first, last, count = tx.execute(
+        select(func.min(occurred), func.max(occurred), func.count()).select_from(window)
+    ).one()
+    events = int(count)
+    oldest = now if first is None else int(first)
+    end = max(now, now if last is None else int(last))
     span_s = max(1, (end - oldest) // 1000 + 1)
     width_s = next((width for width in _BUCKETS if span_s / width <= MAX_BUCKETS), _BUCKETS[-1])
     bucket_ms = width_s * 1000
     start = (max(oldest, end - bucket_ms * MAX_BUCKETS) // bucket_ms) * bucket_ms
     buckets = max(1, (end - start) // bucket_ms + 1)
-    tally: Counter[tuple[str, int]] = Counter(
-        (SERIES[kind], (at - start) // bucket_ms) for at, kind in rows if kind in SERIES and at >= start
+    bucket = ((window.c.occurred_at - start) // bucket_ms).label("bucket")  # integer division
+    grouped = (
+        select(window.c.event_type, bucket, func.count().label("total"))
+        .where(window.c.event_type.in_(list(SERIES)), window.c.occurred_at >= start)
+        .group_by(window.c.event_type, bucket)
     )
-    series = {name: [tally[(name, index)] for index in range(buckets)] for name in SERIES.values()}
+    series = {name: [0] * buckets for name in SERIES.values()}
+    for row in tx.execute(grouped):
+        index = int(row.bucket)
+        if 0 <= index < buckets:
+            series[SERIES[row.event_type]][index] += int(row.total)
     return Throughput(
         start=start,
         bucket_ms=bucket_ms,
         labels=[start + index * bucket_ms for index in range(buckets)],
         series=series,
-        events=len(rows),
-        window_full=len(rows) >= WINDOW,
+        events=events,
+        window_full=events >= WINDOW,
     )

@@ -34,8 +34,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.dashboard.queries import WINDOW, status_count
 from scheduler.schema import tables as t
 from scheduler.store.dialect import json_text_field
-from scheduler.store.records import Occurrence
-from scheduler.store.rows import map_occurrence
+from scheduler.store.rows import read_optional_json
 from scheduler.store.tx import Tx
 
 PAGE: Final = 50
@@ -87,8 +86,22 @@ class RunFilter:
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
-    occurrence: Occurrence
+    """One line of a listing: the occurrence's columns a listing shows or acts on (its payload,
+    result and authority are read on the run's own page only)."""
+
+    id: str
+    job_id: str
     kind: str
+    status: str
+    attempt: int
+    max_attempts: int
+    fence: int
+    scheduled_for: int
+    available_at: int
+    lease_expires_at: int | None
+    created_at: int
+    updated_at: int
+    last_error: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,12 +271,24 @@ def _with_kinds(tx: Tx, rows: Sequence[Any]) -> list[RunRow]:
         if job_ids
         else {}
     )
-    listed: list[RunRow] = []
-    for row in rows:
-        occurrence = map_occurrence(row)
-        assert occurrence is not None
-        listed.append(RunRow(occurrence, kinds.get(row.job_id, "?")))
-    return listed
+    return [
+        RunRow(
+            id=row.occurrence_id,
+            job_id=row.job_id,
+            kind=kinds.get(row.job_id, "?"),
+            status=row.status,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            fence=row.fence,
+            scheduled_for=row.scheduled_for,
+            available_at=row.available_at,
+            lease_expires_at=row.lease_expires_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            last_error=read_optional_json(row.last_error_json, "occurrence error"),
+        )
+        for row in rows
+    ]
 
 
 # --------------------------------------------------------------------------- the three orders
