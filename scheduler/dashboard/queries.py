@@ -194,9 +194,10 @@ def throughput_in(tx: Tx, now: int) -> Throughput:
     them to ``now`` (two aggregates over the same window, computed by the database)."""
     window = select(_e.c.occurred_at, _e.c.event_type).order_by(_e.c.event_id.desc()).limit(WINDOW).subquery()
     occurred = window.c.occurred_at
-    first, last, count = tx.execute(
-        select(func.min(occurred), func.max(occurred), func.count()).select_from(window)
-    ).one()
+    span: tuple[Any, ...] = tuple(
+        tx.execute(select(func.min(occurred), func.max(occurred), func.count()).select_from(window)).one()
+    )
+    first, last, count = span
     events = int(count)
     oldest = now if first is None else int(first)
     end = max(now, now if last is None else int(last))
