@@ -19,6 +19,7 @@ import pytest
 from backends import POSTGRESQL, SQLITE, PostgresServer, unique_name
 from cli_support import invoke, isolated_environment
 from dashboard_support import Client, free_port, seed
+from wheel_support import InstalledWheel
 
 from scheduler import open_store
 from scheduler.cli.dashboard_cmd import is_loopback
@@ -126,3 +127,43 @@ def test_token_and_read_only(database: list[str], serve_cli: object) -> None:
     assert page.status == 200 and "read-only" in page.text and 'action="/actions/' not in page.text
     refused = member.post("/actions/cancel", {"occurrence_id": "x", "csrf_token": member.csrf()})
     assert refused.status == 403
+
+
+WHEEL_CHECK = """
+import asyncio, importlib.resources, sys
+import scheduler.dashboard
+from scheduler import open_store
+from scheduler.dashboard import create_app
+
+package = importlib.resources.files("scheduler.dashboard")
+assert (package / "templates" / "base.html").is_file()
+for name in ("htmx.min.js", "htmx.LICENSE.txt", "chart.umd.min.js", "chart.js.LICENSE.md", "dashboard.js"):
+    assert (package / "static" / name).is_file(), name
+
+async def get(app, path):
+    answer = {}
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+    async def send(message):
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        else:
+            answer["body"] = answer.get("body", b"") + message.get("body", b"")
+    scope = {"type": "http", "method": "GET", "path": path, "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1")], "scheme": "http", "http_version": "1.1"}
+    await app(scope, receive, send)
+    return answer["status"], answer["body"]
+
+app = create_app(open_store(":memory:"))
+status, body = asyncio.run(get(app, "/"))
+assert status == 200 and b"<h1>Overview</h1>" in body, (status, body[:200])
+status, body = asyncio.run(get(app, "/static/htmx.min.js"))
+assert status == 200 and len(body) > 40_000
+print(scheduler.dashboard.__file__)
+"""
+
+
+def test_the_wheel_ships_the_templates_and_static_files(wheel_env: InstalledWheel) -> None:
+    shown = wheel_env.run("-c", WHEEL_CHECK, cwd=wheel_env.venv)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip().startswith(str(wheel_env.venv))  # the wheel's package, not the work tree

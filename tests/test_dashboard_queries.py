@@ -40,7 +40,7 @@ def _build(store: SchedulerStore, clock: SchedulerClock) -> None:
         if n % 3 == 0:
             settlements.append({**base, "outcome": "succeeded", "result": {"n": n}})
         else:
-            code = "E1" if n % 3 == 1 else "E2"
+            code = "E1" if n % 3 == 1 else ("E2" if n % 4 else "PAY_OUTCOME_UNKNOWN")
             error = {"code": code, "message": "failed"}
             settlements.append({**base, "outcome": "failed", "error": error, "retryable": n % 5 == 0})
         clock.advance(1)
@@ -189,6 +189,7 @@ def test_overview_counts_and_their_bound(place: StorePlace, monkeypatch: Any) ->
             == Counter(event["event_type"] for event in dump_tables(store)["events"])["occurrence_succeeded"]
         )
         monkeypatch.setattr(queries, "WINDOW", 10)
+        monkeypatch.setattr(queries, "SAMPLE", 4)
         bounded = store._read(lambda tx: queries.overview_in(tx, clock.now))
         for status, count in bounded.statuses.items():
             assert (str(count), count.at_least) == (
@@ -196,3 +197,14 @@ def test_overview_counts_and_their_bound(place: StorePlace, monkeypatch: Any) ->
             )
         depth_statuses = ("queued", "running", "retry_wait", "dead_letter")
         assert set(bounded.depth_sampled) == {s for s in depth_statuses if by_status[s] > 10}
+        for status in bounded.depth_sampled:  # the newest 4 runs of the status, split by queue
+            counts = [row.counts[status] for row in bounded.depth if status in row.counts]
+            assert sum(count.value for count in counts) == 4 and all(count.at_least for count in counts)
+        dead = sorted(
+            (row for row in rows if row["status"] == "dead_letter"),
+            key=lambda row: (row["available_at"], row["scheduled_for"], row["occurrence_id"]),
+            reverse=True,
+        )
+        unknown = ['"code":"PAY_OUTCOME_UNKNOWN"' in row["last_error_json"] for row in dead]
+        assert exact.awaiting_decision == queries.Count(sum(unknown)) and sum(unknown) > 0
+        assert bounded.awaiting_decision == queries.Count(sum(unknown[:4]), True)

@@ -31,7 +31,24 @@ def create_app(
     secret: bytes | None = None,
     refresh_ms: int = 5_000,
 ) -> Starlette:
-    """The dashboard as an ASGI application; see :func:`scheduler.dashboard.app.create_app`."""
+    """The dashboard as an ASGI application (API §11).
+
+    ``store_or_tasks``: an open ``SchedulerStore`` or a ``Tasks`` object (its store is used).
+    ``read_only``: no action buttons, and every POST is refused with 403.
+    ``token``: when set, every request needs ``Authorization: Bearer <token>`` or a session cookie
+    obtained by visiting once with ``?token=<token>``; else 401.
+    ``allowed_hosts``: host names the ``Host`` header may name (``None``: any; the CLI passes the
+    loopback names when it runs without a token).
+    ``secret``: the key that signs session cookies and CSRF tokens (default: derived from the
+    token, else random per application — give one when several processes serve the dashboard
+    without a token).
+    ``refresh_ms``: how often the pages refresh their figures.
+
+    Raises ``ImportError`` naming the extra when Starlette or Jinja2 is not installed, and
+    ``SCHEDULER_INVALID_ARGUMENT`` for a bad argument.
+
+    Mount it in a host with ``Mount("/scheduler", app=create_app(store))``; links follow the mount.
+    """
     try:
         from scheduler.dashboard.app import create_app as build
     except ImportError as error:  # starlette or jinja2 missing

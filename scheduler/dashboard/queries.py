@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Select, exists, func, select
+from sqlalchemy import Select, and_, case, exists, func, select
 
 from scheduler.contract.constants import DEAD_LETTER, OCCURRENCE_STATUSES, RUNNING
 from scheduler.schema import tables as t
@@ -27,6 +27,9 @@ from scheduler.store.tx import Tx
 
 WINDOW: Final = 10_000
 """Rows a count, or a filter no index serves, reads at most."""
+SAMPLE: Final = 2_000
+"""Runs of a status holding more than ``WINDOW`` that the overview's per-queue split reads (its
+newest): a lower bound per queue, labelled as such."""
 
 _o, _j, _e = t.occurrences, t.jobs, t.events
 _c, _a = t.occurrence_controls, t.adjudications
@@ -71,48 +74,29 @@ class Overview:
     statuses: dict[str, Count]
     depth: list[DepthRow]
     depth_sampled: tuple[str, ...]
-    """Statuses with more than ``WINDOW`` occurrences: their per-queue figures count the first
-    ``WINDOW`` + 1 index entries only, and are shown as lower bounds."""
+    """Statuses with more than ``WINDOW`` runs: their per-queue figures count their newest
+    ``SAMPLE`` runs only, and are shown as lower bounds."""
     oldest_due_at: int | None
     expired_leases: Count
     paused: Count
     pause_requested: Count
     adjudications_pending: Count
     awaiting_decision: Count
-    """Outcome-unknown dead letters without a decision among the newest ``WINDOW`` dead letters."""
-    awaiting_window_full: bool
+    """Outcome-unknown dead letters without a decision (among the newest ``SAMPLE`` dead letters
+    when there are more than ``WINDOW``: ``awaiting_sampled``)."""
+    awaiting_sampled: bool
 
     @property
     def oldest_due_age_ms(self) -> int | None:
         return None if self.oldest_due_at is None else max(0, self.now - self.oldest_due_at)
 
 
-def _depth(tx: Tx, statuses: dict[str, Count]) -> tuple[list[DepthRow], tuple[str, ...]]:
-    by_kind: dict[str, dict[str, Count]] = {}
-    sampled: list[str] = []
-    for status in DEPTH_STATUSES:
-        if statuses[status].value == 0:
-            continue
-        window = select(_o.c.job_id).where(_o.c.status == status).limit(WINDOW + 1).subquery()
-        query = (
-            select(_j.c.kind, func.count().label("total"))
-            .select_from(window.join(_j, _j.c.job_id == window.c.job_id))
-            .group_by(_j.c.kind)
-        )
-        full = statuses[status].at_least
-        if full:
-            sampled.append(status)
-        for row in tx.execute(query):
-            by_kind.setdefault(row.kind, {})[status] = Count(int(row.total), full)
-    rows = [DepthRow(kind, counts) for kind, counts in sorted(by_kind.items())]
-    return rows, tuple(sampled)
-
-
-def newest_dead_letters_window(limit: int = WINDOW) -> Select[Any]:
-    """The newest ``limit`` dead letters by ``available_at`` (``scheduler_occurrences_claim``, backwards)."""
+def newest_of_status(status: str, limit: int, *columns: Any) -> Select[Any]:
+    """The newest ``limit`` runs of ``status`` by ``available_at`` (``scheduler_occurrences_claim``,
+    walked backwards); ``columns`` (default: every column)."""
     return (
-        select(_o)
-        .where(_o.c.status == DEAD_LETTER)
+        select(*(columns or (_o,)))
+        .where(_o.c.status == status)
         .order_by(
             _o.c.available_at.desc(),
             _o.c.lease_expires_at.desc(),
@@ -123,6 +107,11 @@ def newest_dead_letters_window(limit: int = WINDOW) -> Select[Any]:
     )
 
 
+def newest_dead_letters_window(limit: int = WINDOW) -> Select[Any]:
+    """The newest ``limit`` dead letters (every column)."""
+    return newest_of_status(DEAD_LETTER, limit)
+
+
 def awaiting_decision_filter(rows: Any) -> list[Any]:
     """Outcome-unknown dead letters with no adjudication row (``rows``: a selectable of occurrences)."""
     return [
@@ -131,14 +120,40 @@ def awaiting_decision_filter(rows: Any) -> list[Any]:
     ]
 
 
+def _depth(tx: Tx, statuses: dict[str, Count]) -> tuple[list[DepthRow], tuple[str, ...], Count]:
+    """Per-queue counts of each live status (all its runs, or its newest ``SAMPLE`` when it has
+    more than ``WINDOW``), and the adjudication cases among the same dead letters."""
+    by_kind: dict[str, dict[str, Count]] = {}
+    sampled: list[str] = []
+    awaiting = 0
+    for status in DEPTH_STATUSES:
+        if statuses[status].value == 0:
+            continue
+        full = statuses[status].at_least
+        columns = [_o.c.job_id] + (
+            [_o.c.occurrence_id, _o.c.last_error_json] if status == DEAD_LETTER else []
+        )
+        rows = newest_of_status(status, SAMPLE if full else WINDOW, *columns).subquery()
+        figures = [func.count().label("total")]
+        if status == DEAD_LETTER:
+            figures.append(func.sum(case((and_(*awaiting_decision_filter(rows)), 1), else_=0)).label("cases"))
+        query = select(_j.c.kind, *figures).select_from(rows.join(_j, _j.c.job_id == rows.c.job_id))
+        if full:
+            sampled.append(status)
+        for row in tx.execute(query.group_by(_j.c.kind)):
+            by_kind.setdefault(row.kind, {})[status] = Count(int(row.total), full)
+            if status == DEAD_LETTER:
+                awaiting += int(row.cases or 0)
+    depth = [DepthRow(kind, counts) for kind, counts in sorted(by_kind.items())]
+    return depth, tuple(sampled), Count(awaiting, DEAD_LETTER in sampled)
+
+
 def overview_in(tx: Tx, now: int) -> Overview:
     statuses = {status: status_count(tx, status) for status in OCCURRENCE_STATUSES}
-    depth, sampled = _depth(tx, statuses)
+    depth, sampled, awaiting = _depth(tx, statuses)
     expired = capped_count(
         tx, select(_o.c.occurrence_id).where(_o.c.status == RUNNING, _o.c.lease_expires_at <= now)
     )
-    window = newest_dead_letters_window().subquery()
-    awaiting = capped_count(tx, select(window.c.occurrence_id).where(*awaiting_decision_filter(window)))
     return Overview(
         now=now,
         statuses=statuses,
@@ -150,7 +165,7 @@ def overview_in(tx: Tx, now: int) -> Overview:
         pause_requested=capped_count(tx, select(_c.c.occurrence_id).where(_c.c.state == "pause_requested")),
         adjudications_pending=capped_count(tx, select(_a.c.occurrence_id).where(_a.c.status == "pending")),
         awaiting_decision=awaiting,
-        awaiting_window_full=statuses[DEAD_LETTER].at_least,
+        awaiting_sampled=DEAD_LETTER in sampled,
     )
 
 

@@ -6,14 +6,17 @@ A listing is driven by one index, chosen from the filter:
   (job_id, created_at, occurrence_id), newest first, the time filter (``created_at``) served by the
   index; several jobs are merged (each walk reads at most a page more than it shows);
 * ``status`` — a status: ``scheduler_occurrences_claim`` (status, available_at, lease_expires_at,
-  scheduled_for, occurrence_id), newest ``available_at`` first; chosen over ``job`` when the status
-  has at most :data:`~scheduler.dashboard.queries.WINDOW` occurrences (the walk then sees them all);
-* ``recent`` — neither: the runs that have an event among the newest ``WINDOW`` events (the
-  ``events`` primary key), most recently active first.
+  scheduled_for, occurrence_id), newest ``available_at`` first; chosen over ``job`` for a queue of
+  several jobs, and for one job when the status has at most
+  :data:`~scheduler.dashboard.queries.WINDOW` runs (the walk then sees them all);
+* ``recent`` — neither: the runs that have an event among the newest ``WINDOW`` event ids (the
+  ``events`` primary key), most recently active first, read newest first until the page is full.
 
 Filters the driving index does not serve (error code, workspace, and the others where so) are
-applied to at most ``WINDOW`` index entries per walk; when a walk used its whole window without
-filling the page, the page says so and its "next" link continues the search after that window.
+applied to at most ``WINDOW`` index entries per walk (the key of the window's last entry is read
+from the index alone, then the rows up to it are filtered, stopping once the page is full); when a
+walk used its whole window without filling the page, the page says so and its "next" link
+continues the search after that window.
 """
 
 from __future__ import annotations
@@ -45,6 +48,24 @@ Order = Literal["job", "status", "recent"]
 Key = tuple[Any, ...]
 
 _o, _j, _e = t.occurrences, t.jobs, t.events
+LISTED: Final = tuple(
+    _o.c[name]
+    for name in (
+        "occurrence_id",
+        "job_id",
+        "status",
+        "attempt",
+        "max_attempts",
+        "fence",
+        "scheduled_for",
+        "available_at",
+        "lease_expires_at",
+        "created_at",
+        "updated_at",
+        "last_error_json",
+    )
+)
+"""The columns a listing reads (payload, result and authority only on a run's own page)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,24 +232,39 @@ class _Walk:
     key: Sequence[ColumnElement[Any]]
 
 
+def _not_after(columns: Sequence[ColumnElement[Any]], key: Key) -> ColumnElement[bool]:
+    """Rows up to ``key`` (inclusive) in descending ``columns`` order: ``(c1, …) >= key``."""
+
+    def tail(index: int) -> ColumnElement[bool]:
+        column, value = columns[index], key[index]
+        if index == len(columns) - 1:
+            last: ColumnElement[bool] = column >= value
+            return last
+        return or_(column > value, and_(column == value, tail(index + 1)))
+
+    bounded: ColumnElement[bool] = and_(columns[0] >= key[0], tail(0))
+    return bounded
+
+
 def _run_walk(
     tx: Tx, walk: _Walk, cursor: Key | None, residual: Any, page: int
 ) -> tuple[list[Any], Key | None]:
     """Up to ``page + 1`` matching rows in walk order, and the key of the walk's last examined
-    entry when it used its whole window without finding ``page + 1`` (else ``None``)."""
+    entry when it used its whole window without finding ``page + 1`` (else ``None``).
+
+    With residual terms the walk is first bounded: the key of its ``WINDOW``-th index entry is
+    read from the index alone, then the rows up to it are filtered in walk order, stopping at
+    ``page + 1`` matches.
+    """
     where = [*walk.where] + ([_before(walk.key, cursor)] if cursor is not None else [])
-    ordered = select(_o).where(*where).order_by(*(column.desc() for column in walk.order))
+    order = [column.desc() for column in walk.order]
     if residual is None:
-        return list(tx.execute(ordered.limit(page + 1))), None
-    inner = ordered.limit(WINDOW).subquery()
-    terms = residual(inner.c)
-    query = select(inner).where(*terms).order_by(*(inner.c[column.name].desc() for column in walk.order))
-    rows = list(tx.execute(query.limit(page + 1)))
-    if len(rows) > page:
-        return rows, None
-    last = select(*walk.key).where(*where).order_by(*(column.desc() for column in walk.order))
-    end = tx.execute(last.offset(WINDOW - 1).limit(1)).first()
-    return rows, None if end is None else tuple(end)
+        return list(tx.execute(select(*LISTED).where(*where).order_by(*order).limit(page + 1))), None
+    last = tx.execute(select(*walk.key).where(*where).order_by(*order).offset(WINDOW - 1).limit(1)).first()
+    end = None if last is None else tuple(last)
+    bounded = [*where, *residual(_o.c)] + ([_not_after(walk.key, end)] if end is not None else [])
+    rows = list(tx.execute(select(*LISTED).where(*bounded).order_by(*order).limit(page + 1)))
+    return rows, (None if len(rows) > page else end)
 
 
 def _row_key(row: Any, columns: Sequence[ColumnElement[Any]]) -> Key:
@@ -316,38 +352,61 @@ def _status_walk(status: str) -> _Walk:
     return _Walk([c.status == status], order, key)
 
 
+RECENT_CHUNK: Final = 200
+"""Events the ``recent`` order reads first (each further read doubles, up to the window)."""
+
+
 def _recent(tx: Tx, runs: RunFilter, cursor: str | None, kind_jobs: list[str] | None, page: int) -> RunPage:
+    """Runs by their newest event among the event ids ``(top - WINDOW, top]``, newest first.
+
+    Events are read newest first in growing chunks; each run is taken at its first (newest)
+    event, filtered, and the read stops once the page is full. On a later page (events below the
+    cursor) a run that also has an event between the cursor and ``top`` was listed or filtered
+    out already, and is skipped.
+    """
     decoded = decode_cursor(cursor, "recent", 1)
     top = decoded[1] if decoded is not None else None
     if top is None:
         top = int(tx.scalar(select(func.max(_e.c.event_id))) or 0)
-    events = (
-        select(_e.c.occurrence_id, _e.c.event_id)
-        .where(_e.c.event_id <= top)
-        .order_by(_e.c.event_id.desc())
-        .limit(WINDOW)
-        .subquery()
-    )
-    latest = (
-        select(events.c.occurrence_id, func.max(events.c.event_id).label("last_event"))
-        .where(events.c.occurrence_id.is_not(None))
-        .group_by(events.c.occurrence_id)
-        .subquery()
-    )
+    floor = top - WINDOW
+    below = int(decoded[0][0]) if decoded is not None else top + 1
     terms = _residual(_o.c, runs, set(), kind_jobs)
-    if decoded is not None:
-        terms.append(latest.c.last_event < decoded[0][0])
-    query = (
-        select(_o, latest.c.last_event)
-        .select_from(latest.join(_o, _o.c.occurrence_id == latest.c.occurrence_id))
-        .where(*terms)
-        .order_by(latest.c.last_event.desc())
-        .limit(page + 1)
-    )
-    rows = list(tx.execute(query))
-    shown = rows[:page]
-    next_cursor = encode_cursor("recent", (shown[-1].last_event,), top) if len(rows) > page else None
-    return RunPage(_with_kinds(tx, shown), "recent", next_cursor, searched_window=True)
+    found: list[tuple[int, Any]] = []
+    seen: set[str] = set()
+    chunk = RECENT_CHUNK
+    while len(found) <= page and below > floor + 1:
+        events = tx.execute(
+            select(_e.c.event_id, _e.c.occurrence_id)
+            .where(_e.c.event_id < below, _e.c.event_id > floor, _e.c.occurrence_id.is_not(None))
+            .order_by(_e.c.event_id.desc())
+            .limit(chunk)
+        ).all()
+        if not events:
+            break
+        below, chunk = int(events[-1].event_id), min(chunk * 2, WINDOW)
+        firsts: dict[str, int] = {}
+        for event in events:
+            if event.occurrence_id not in seen:
+                seen.add(event.occurrence_id)
+                firsts[event.occurrence_id] = int(event.event_id)
+        if decoded is not None and firsts:  # listed (or filtered out) on an earlier page
+            newer = select(_e.c.occurrence_id).where(
+                _e.c.occurrence_id.in_(list(firsts)),
+                _e.c.event_id >= int(decoded[0][0]),
+                _e.c.event_id <= top,
+            )
+            for row in tx.execute(newer):
+                firsts.pop(row.occurrence_id, None)
+        if not firsts:
+            continue
+        rows = {
+            row.occurrence_id: row
+            for row in tx.execute(select(*LISTED).where(_o.c.occurrence_id.in_(list(firsts)), *terms))
+        }
+        found.extend((event_id, rows[key]) for key, event_id in firsts.items() if key in rows)
+    shown = found[:page]
+    next_cursor = encode_cursor("recent", (shown[-1][0],), top) if len(found) > page else None
+    return RunPage(_with_kinds(tx, [row for _, row in shown]), "recent", next_cursor, searched_window=True)
 
 
 def _kind_jobs(tx: Tx, kind: str) -> list[str] | None:
@@ -366,7 +425,11 @@ def list_runs_in(tx: Tx, runs: RunFilter, cursor: str | None = None, page: int =
         job_ids = [runs.job_id] if kind_jobs is None or runs.job_id in kind_jobs else []
     elif kind_jobs is not None:
         job_ids = kind_jobs
-    use_status = runs.status is not None and (job_ids is None or not status_count(tx, runs.status).at_least)
+    # A status with one job: the job's walk, unless the status is small. A status with a queue of
+    # several jobs: one status walk (the job walks would each search a window).
+    use_status = runs.status is not None and (
+        job_ids is None or len(job_ids) > 1 or not status_count(tx, runs.status).at_least
+    )
     if use_status:
         assert runs.status is not None
         walk = _status_walk(runs.status)

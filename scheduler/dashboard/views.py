@@ -142,7 +142,8 @@ def filter_params(request: Request) -> dict[str, str]:
 
 async def overview(request: Request) -> Response:
     data = await read(request, queries.overview_in)
-    return render(request, "overview.html", {"o": data, "statuses": OCCURRENCE_STATUSES}, nav="overview")
+    context = {"o": data, "statuses": OCCURRENCE_STATUSES, "sample": queries.SAMPLE}
+    return render(request, "overview.html", context, nav="overview")
 
 
 async def throughput(request: Request) -> Response:
