@@ -167,3 +167,40 @@ def test_the_wheel_ships_the_templates_and_static_files(wheel_env: InstalledWhee
     shown = wheel_env.run("-c", WHEEL_CHECK, cwd=wheel_env.venv)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip().startswith(str(wheel_env.venv))  # the wheel's package, not the work tree
+
+
+BLOCK_THE_EXTRA = """
+import sys
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("starlette", "jinja2", "uvicorn"):
+            raise ImportError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:
+    database = tmp_path / "kernel.sqlite"
+    open_store(database).close()
+    probe = BLOCK_THE_EXTRA + (
+        "import scheduler.dashboard\n"  # importing the package needs none of the extra
+        "try:\n    scheduler.dashboard.create_app\nexcept ImportError as error:\n    print(error)\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert shown.returncode == 0 and 'pip install "scheduler-kernel[dashboard]"' in shown.stdout, shown
+    command = BLOCK_THE_EXTRA + f"sys.argv = ['scheduler', 'dashboard', '--db', {str(database)!r}]\n"
+    command += "from scheduler.cli import main\nmain()\n"
+    served = subprocess.run(
+        [sys.executable, "-c", command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert served.returncode == 1 and "scheduler-kernel[dashboard]" in served.stderr, served

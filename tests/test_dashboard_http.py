@@ -188,6 +188,8 @@ def test_token_is_required_on_every_request(site: Site) -> None:
         cookie = redirect.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
         assert visitor.get("/runs?status=queued").status == 200  # the session cookie now suffices
+        elsewhere = Client(base).get("//evil.example/x?token=s3cret-t0ken")
+        assert elsewhere.status == 303 and elsewhere.headers["location"] == "/evil.example/x"
         assert site.seeded.queued[0] in visitor.get("/runs?status=queued").text
 
 

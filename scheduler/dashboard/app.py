@@ -120,7 +120,24 @@ def create_app(
     secret: bytes | None = None,
     refresh_ms: int = DEFAULT_REFRESH_MS,
 ) -> Starlette:
-    """The dashboard application; documented at :func:`scheduler.dashboard.create_app`."""
+    """The dashboard as an ASGI application (API §11).
+
+    ``store_or_tasks``: an open ``SchedulerStore`` or a ``Tasks`` object (its store is used).
+    ``read_only``: no action buttons, and every POST is refused with 403.
+    ``token``: when set, every request needs ``Authorization: Bearer <token>`` or a session cookie
+    obtained by visiting once with ``?token=<token>``; else 401.
+    ``allowed_hosts``: host names the ``Host`` header may name (``None``: any; the CLI passes the
+    loopback names when it runs without a token).
+    ``secret``: the key that signs session cookies and CSRF tokens (default: derived from the
+    token, else random per application — give one when several processes serve the dashboard
+    without a token).
+    ``refresh_ms``: how often the pages refresh their figures (at least 500).
+
+    Raises ``SCHEDULER_INVALID_ARGUMENT`` for a bad argument (and, imported as
+    ``scheduler.dashboard.create_app``, ``ImportError`` naming the extra when Starlette or Jinja2
+    is missing). Mount it in a host with ``Mount("/scheduler", app=create_app(store))``; links,
+    forms and cookies follow the mount.
+    """
     store = _store_of(store_or_tasks)
     if token is not None and (not isinstance(token, str) or not token.strip()):
         raise invalid_argument("token must be a non-empty string")

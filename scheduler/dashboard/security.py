@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -245,7 +245,8 @@ class SecurityMiddleware:
             return True
         _, cookie = self.guard.new_session()
         rest = urlencode([(name, value) for name, value in query if name != "token"])
-        location = root_path(scope) + route_path(scope) + (f"?{rest}" if rest else "")
+        path = "/" + quote(route_path(scope).lstrip("/"))  # never "//host": no redirect elsewhere
+        location = root_path(scope) + path + (f"?{rest}" if rest else "")
         headers = [
             (b"location", location.encode("latin-1")),
             set_cookie_header(scope, SESSION_COOKIE, cookie),

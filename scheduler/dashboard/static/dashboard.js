@@ -43,6 +43,7 @@
     var every = parseInt(box.getAttribute("data-refresh"), 10) || 5000;
     var chart = null;
     function load() {
+      if (document.hidden && chart !== null) return;  // no refresh for a tab nobody looks at
       fetch(source, { credentials: "same-origin", headers: { "Accept": "application/json" } })
         .then(function (response) { return response.ok ? response.json() : null; })
         .then(function (data) {
@@ -77,11 +78,11 @@
   });
 
   // The live part is not refreshed while the operator points at or types in it (a button would
-  // otherwise be replaced under the mouse).
+  // otherwise be replaced under the mouse), nor while the tab is hidden.
   document.addEventListener("htmx:beforeRequest", function (event) {
     var live = event.detail && event.detail.elt;
     if (!live || live.id !== "live") return;
-    if (live.querySelector("form:hover, button:hover, input:focus, select:focus, a:focus")) {
+    if (document.hidden || live.querySelector("form:hover, button:hover, input:focus, select:focus, a:focus")) {
       event.preventDefault();
     }
   });
