@@ -65,6 +65,11 @@ def iso_ms(value: int | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{value % 1000:03d}"
 
 
+def when(value: int | None) -> Markup:
+    """Epoch milliseconds as ``2026-01-01 10:00:00`` (UTC) for a table, the milliseconds in its title."""
+    return Markup('<time title="{}">{}</time>').format(iso_ms(value), iso_ms(value)[:19])
+
+
 def duration(ms: int | None) -> str:
     """A span of milliseconds for people: ``850 ms``, ``12.5 s``, ``3.2 min``, ``5.0 h``, ``2.1 d``."""
     if ms is None:
@@ -102,6 +107,7 @@ FILTERS: Final = {
     "pretty_json": pretty_json,
     "compact_json": compact_json,
     "iso_ms": iso_ms,
+    "when": when,
     "duration": duration,
     "short_id": short_id,
     "error_code": error_code,
