@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Select, and_, case, exists, func, select
+from sqlalchemy import ScalarSelect, Select, and_, case, exists, func, literal, select, union_all
 
 from scheduler.contract.constants import DEAD_LETTER, OCCURRENCE_STATUSES, RUNNING
 from scheduler.schema import tables as t
@@ -27,7 +27,7 @@ from scheduler.store.tx import Tx
 
 WINDOW: Final = 10_000
 """Rows a count, or a filter no index serves, reads at most."""
-SAMPLE: Final = 2_000
+SAMPLE: Final = 1_000
 """Runs of a status holding more than ``WINDOW`` that the overview's per-queue split reads (its
 newest): a lower bound per queue, labelled as such."""
 
@@ -46,11 +46,19 @@ class Count:
         return f"≥ {self.value:,}" if self.at_least else f"{self.value:,}"
 
 
+def _capped(rows: Select[Any]) -> ScalarSelect[Any]:
+    """How many rows ``rows`` selects, reading at most ``WINDOW + 1`` of them (a scalar subquery)."""
+    return select(func.count()).select_from(rows.limit(WINDOW + 1).subquery()).scalar_subquery()
+
+
+def _count(found: Any) -> Count:
+    value = int(found or 0)
+    return Count(WINDOW, True) if value > WINDOW else Count(value)
+
+
 def capped_count(tx: Tx, rows: Select[Any]) -> Count:
     """How many rows ``rows`` selects, reading at most ``WINDOW + 1`` of them."""
-    window = rows.limit(WINDOW + 1).subquery()
-    found = int(tx.scalar(select(func.count()).select_from(window)) or 0)
-    return Count(WINDOW, True) if found > WINDOW else Count(found)
+    return _count(tx.scalar(select(_capped(rows))))
 
 
 def status_count(tx: Tx, status: str) -> Count:
@@ -122,48 +130,61 @@ def awaiting_decision_filter(rows: Any) -> list[Any]:
 
 def _depth(tx: Tx, statuses: dict[str, Count]) -> tuple[list[DepthRow], tuple[str, ...], Count]:
     """Per-queue counts of each live status (all its runs, or its newest ``SAMPLE`` when it has
-    more than ``WINDOW``), and the adjudication cases among the same dead letters."""
-    by_kind: dict[str, dict[str, Count]] = {}
-    sampled: list[str] = []
-    awaiting = 0
+    more than ``WINDOW``), and the adjudication cases among the same dead letters: one statement."""
+    sampled = tuple(status for status in DEPTH_STATUSES if statuses[status].at_least)
+    parts = []
     for status in DEPTH_STATUSES:
         if statuses[status].value == 0:
             continue
-        full = statuses[status].at_least
-        columns = [_o.c.job_id] + (
-            [_o.c.occurrence_id, _o.c.last_error_json] if status == DEAD_LETTER else []
+        columns = [_o.c.job_id, _o.c.occurrence_id, _o.c.last_error_json]
+        rows = newest_of_status(status, SAMPLE if status in sampled else WINDOW, *columns).subquery()
+        cases = (
+            func.sum(case((and_(*awaiting_decision_filter(rows)), 1), else_=0))
+            if status == DEAD_LETTER
+            else literal(0)
         )
-        rows = newest_of_status(status, SAMPLE if full else WINDOW, *columns).subquery()
-        figures = [func.count().label("total")]
-        if status == DEAD_LETTER:
-            figures.append(func.sum(case((and_(*awaiting_decision_filter(rows)), 1), else_=0)).label("cases"))
-        query = select(_j.c.kind, *figures).select_from(rows.join(_j, _j.c.job_id == rows.c.job_id))
-        if full:
-            sampled.append(status)
-        for row in tx.execute(query.group_by(_j.c.kind)):
-            by_kind.setdefault(row.kind, {})[status] = Count(int(row.total), full)
-            if status == DEAD_LETTER:
-                awaiting += int(row.cases or 0)
+        parts.append(
+            select(
+                _j.c.kind, literal(status).label("status"), func.count().label("total"), cases.label("cases")
+            )
+            .select_from(rows.join(_j, _j.c.job_id == rows.c.job_id))
+            .group_by(_j.c.kind)
+        )
+    by_kind: dict[str, dict[str, Count]] = {}
+    awaiting = 0
+    for row in tx.execute(union_all(*parts)) if parts else ():
+        by_kind.setdefault(row.kind, {})[row.status] = Count(int(row.total), row.status in sampled)
+        awaiting += int(row.cases or 0)
     depth = [DepthRow(kind, counts) for kind, counts in sorted(by_kind.items())]
-    return depth, tuple(sampled), Count(awaiting, DEAD_LETTER in sampled)
+    return depth, sampled, Count(awaiting, DEAD_LETTER in sampled)
 
 
 def overview_in(tx: Tx, now: int) -> Overview:
-    statuses = {status: status_count(tx, status) for status in OCCURRENCE_STATUSES}
+    figures = {
+        **{
+            status: _capped(select(_o.c.occurrence_id).where(_o.c.status == status))
+            for status in OCCURRENCE_STATUSES
+        },
+        "expired": _capped(
+            select(_o.c.occurrence_id).where(_o.c.status == RUNNING, _o.c.lease_expires_at <= now)
+        ),
+        "paused": _capped(select(_c.c.occurrence_id).where(_c.c.state == "paused")),
+        "pause_requested": _capped(select(_c.c.occurrence_id).where(_c.c.state == "pause_requested")),
+        "pending": _capped(select(_a.c.occurrence_id).where(_a.c.status == "pending")),
+    }
+    counted = tx.execute(select(*(value.label(name) for name, value in figures.items()))).one()._mapping
+    statuses = {status: _count(counted[status]) for status in OCCURRENCE_STATUSES}
     depth, sampled, awaiting = _depth(tx, statuses)
-    expired = capped_count(
-        tx, select(_o.c.occurrence_id).where(_o.c.status == RUNNING, _o.c.lease_expires_at <= now)
-    )
     return Overview(
         now=now,
         statuses=statuses,
         depth=depth,
         depth_sampled=sampled,
         oldest_due_at=oldest_due_in(tx, now),
-        expired_leases=expired,
-        paused=capped_count(tx, select(_c.c.occurrence_id).where(_c.c.state == "paused")),
-        pause_requested=capped_count(tx, select(_c.c.occurrence_id).where(_c.c.state == "pause_requested")),
-        adjudications_pending=capped_count(tx, select(_a.c.occurrence_id).where(_a.c.status == "pending")),
+        expired_leases=_count(counted["expired"]),
+        paused=_count(counted["paused"]),
+        pause_requested=_count(counted["pause_requested"]),
+        adjudications_pending=_count(counted["pending"]),
         awaiting_decision=awaiting,
         awaiting_sampled=DEAD_LETTER in sampled,
     )
