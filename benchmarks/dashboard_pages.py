@@ -1,9 +1,9 @@
 """Server time of every dashboard page on a large database (SQLite file or PostgreSQL schema).
 
-    python benchmarks/dashboard_pages.py build   --db /tmp/bench/kernel.sqlite [--occurrences 1000000]
-    python benchmarks/dashboard_pages.py measure --db /tmp/bench/kernel.sqlite [--requests 20]
-    python benchmarks/dashboard_pages.py build   --db postgresql+psycopg://postgres@127.0.0.1/db --schema b1m
-    python benchmarks/dashboard_pages.py measure --db postgresql+psycopg://postgres@127.0.0.1/db --schema b1m
+    python -m benchmarks.dashboard_pages build   --db /tmp/bench/kernel.sqlite [--occurrences 1000000]
+    python -m benchmarks.dashboard_pages measure --db /tmp/bench/kernel.sqlite [--requests 20]
+    python -m benchmarks.dashboard_pages build   --db postgresql+psycopg://postgres@127.0.0.1/db --schema b1m
+    python -m benchmarks.dashboard_pages measure --db postgresql+psycopg://postgres@127.0.0.1/db --schema b1m
 
 ``build`` makes the database the dashboard's speed target names (API §11): 20 tasks in 4 queues,
 ``--occurrences`` runs created over 30 days, ~10 events per run, 10 % dead letters (a few of them

@@ -128,6 +128,10 @@ async def _script(call: Call, outcomes: list[Any]) -> None:
     await step("list_controllable_occurrences")
     await step("list_periodic_jobs")
     await step("latest_trigger_ticks", "j1")
+    await step("periodic_state", "j1")
+    tick = {"job_id": "j1", "scheduled_for": T0 + 60_000, "trigger_key": "interval:1"}
+    await step("enqueue_periodic_tick", job_revision=2, **tick)
+    await step("enqueue_periodic_tick", job_revision=1, **tick)  # the job changed: None
     await step("queue_depth")
     await step("stats")
     await step("prune", older_than_ms=0, dry_run=True)

@@ -109,6 +109,19 @@ def test_a_queued_run_becomes_a_cancelled_dead_letter(env: Env) -> None:
     assert env.store.stats().dead_letters == 1
 
 
+def test_dead_letter_listings_order_a_cancelled_run_by_its_settlement(env: Env) -> None:
+    """``limit=1`` is answered by the walk over dead-lettering events (``dead_letters.py``), a
+    larger limit than there are dead letters by the seed's sorting query: both see it."""
+    failed = settle_failed(env, running(env, JOB, "f1"), {"code": "BOOM"}, retryable=False)
+    cancelled = cancel(env, enqueue(env, JOB, "c1"))
+    older = settle_failed(env, running(env, JOB, "f2"), {"code": "BOOM"}, retryable=False)
+    newest = cancel(env, enqueue(env, JOB, "c2"))
+    expected = [newest.id, older.id, cancelled.id, failed.id]
+    for limit in (1, 2, 3, 4, 50):
+        assert [dead.id for dead in env.store.list_dead_letters(limit=limit)] == expected[:limit]
+        assert [dead.id for dead in env.store.list_dead_letters(job_id=JOB, limit=limit)] == expected[:limit]
+
+
 def test_the_stored_bytes_are_canonical_json(env: Env) -> None:
     queued = enqueue(env, JOB, "q1")
     cancel(env, queued, reason="no longer wanted: «ünïcode» \U0001f600")

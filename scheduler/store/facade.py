@@ -23,6 +23,7 @@ from scheduler.store.migrations import DomainMigrationOperations
 from scheduler.store.nested_runner import NestedRunner
 from scheduler.store.notify import NotifyOperations
 from scheduler.store.occurrences import OccurrenceOperations
+from scheduler.store.periodic_ticks import PeriodicTickOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
 from scheduler.store.runner_base import SERVER_CLOCK, Runner
@@ -59,6 +60,7 @@ class SchedulerStore(
     CancellationOperations,
     DomainMigrationOperations,
     WorkerReadOperations,
+    PeriodicTickOperations,
     StatsOperations,
     PruneOperations,
     NotifyOperations,

@@ -7,8 +7,10 @@ handler returning an awaitable) run on ONE event loop shared by the whole worker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 from scheduler.contract.canonical import normalize_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.records import Occurrence
+from scheduler.store.telemetry import record_handler_duration
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.policy import PermanentError, error_document, result_not_json
 
@@ -25,12 +28,14 @@ Handler = Callable[[Occurrence, HandlerContext], Any]
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """What to settle: ``outcome`` with ``result``, or ``error`` with ``retryable``."""
+    """What to settle: ``outcome`` with ``result``, or ``error`` with ``retryable``; ``duration_ms``
+    is how long the handler ran (``None``: it did not run)."""
 
     outcome: str
     result: Any = None
     error: dict[str, str] | None = None
     retryable: bool = True
+    duration_ms: float | None = None
 
     def arguments(self) -> dict[str, Any]:
         if self.outcome == "succeeded":
@@ -123,3 +128,16 @@ def succeeded(value: Any) -> Settlement:
 def failed(error: BaseException) -> Settlement:
     """``failed`` with ``{"code", "message"}``; retryable unless it is a ``PermanentError``."""
     return Settlement("failed", error=error_document(error), retryable=not isinstance(error, PermanentError))
+
+
+def handler_ran(kind: str, started: float, outcome: str) -> float:
+    """The ms since ``started`` (``time.perf_counter()`` before the handler), recorded in the
+    ``scheduler.handler.duration`` histogram with ``kind`` and ``outcome``."""
+    duration_ms = round((time.perf_counter() - started) * 1000, 3)
+    record_handler_duration(kind, outcome, duration_ms)
+    return duration_ms
+
+
+def timed(settlement: Settlement, kind: str, started: float) -> Settlement:
+    """``settlement`` with the handler's duration (:func:`handler_ran`, outcome = what is settled)."""
+    return dataclasses.replace(settlement, duration_ms=handler_ran(kind, started, settlement.outcome))

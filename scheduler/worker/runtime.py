@@ -26,7 +26,7 @@ from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.records import Occurrence
-from scheduler.store.telemetry import record_claim_latency
+from scheduler.store.telemetry import handler_timing, record_claim_latency
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.execution import (
     Abandoned,
@@ -35,7 +35,9 @@ from scheduler.worker.execution import (
     Settlement,
     call_handler,
     failed,
+    handler_ran,
     succeeded,
+    timed,
 )
 from scheduler.worker.lease_keeper import LEASE_LOST, STORAGE_UNAVAILABLE, STORE_CLOSED, Lease, LeaseKeeper
 from scheduler.worker.periodic import MISSED_POLICIES, MissedTicks, PeriodicScheduler, PeriodicThread
@@ -360,7 +362,8 @@ class Worker:
             settlement = self._run(lease)
             if settlement is None:
                 return None
-            return self._settle(lease, settlement, claim_next=claim_next)
+            with handler_timing(lease.occurrence_id, settlement.duration_ms):  # on the settled records
+                return self._settle(lease, settlement, claim_next=claim_next)
         finally:
             self._keeper.release(lease)
 
@@ -382,20 +385,26 @@ class Worker:
             control=runtime.control,
             pause_check_ms=self.pause_check_ms,
         )
+        started = time.perf_counter()
         try:
             ctx.pause_before_execute()
             value = call_handler(handler, occurrence, ctx, self._loop)
         except Paused:
             lease.parked = True
+            handler_ran(runtime.job_kind, started, "paused")
             return None
         except Abandoned:
+            handler_ran(runtime.job_kind, started, "abandoned")
             return None
         except BaseException as error:
-            log.warning("handler failed: %s", type(error).__qualname__, exc_info=True, extra=ctx.logger.extra)
-            return failed(error)
+            settlement = timed(failed(error), runtime.job_kind, started)
+            extra = {**(ctx.logger.extra or {}), "duration_ms": settlement.duration_ms}
+            log.warning("handler failed: %s", type(error).__qualname__, exc_info=True, extra=extra)
+            return settlement
         if lease.parked:  # the handler swallowed ``Paused``
+            handler_ran(runtime.job_kind, started, "paused")
             return None
-        return succeeded(value)
+        return timed(succeeded(value), runtime.job_kind, started)
 
     def _retry_at(self, lease: Lease) -> int:
         return self._now() + self.retry.delay_ms(lease.occurrence.attempt)
