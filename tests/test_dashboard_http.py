@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
+from scheduler import Tasks
 from scheduler.dashboard import create_app
 from scheduler.dashboard.actions import ACTIONS
 
@@ -331,3 +332,20 @@ def test_mounted_under_a_prefix(site: Site, host_app: str) -> None:
         {"occurrence_id": "x", "csrf_token": token, "return_to": "//evil.example/"},
     )
     assert evil.headers["location"] == "/scheduler/"
+
+
+def test_a_tasks_object_is_served_through_its_store(site: Site) -> None:
+    tasks = Tasks(site.store, principal={"type": "service", "id": "shop"})
+
+    @tasks.task(name="shop.send_invoice", queue="invoices")
+    def send_invoice(order: int) -> None: ...
+
+    run = send_invoice.defer(order=7)
+    assert tasks.store is site.store
+    with serve(create_app(tasks)) as base:
+        visitor = Client(base)
+        page = visitor.get("/runs?queue=invoices")
+        assert page.status == 200 and run.id in page.text and "shop.send_invoice" in page.text
+        assert "shop.send_invoice" in visitor.get("/jobs?queue=invoices").text
+        visitor.act("cancel", {"occurrence_id": run.id})
+    assert tasks.get(run.id).status == "dead_letter"
