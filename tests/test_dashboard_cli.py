@@ -181,26 +181,24 @@ sys.meta_path.insert(0, Blocker())
 """
 
 
+def _without_the_extra(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a Python that cannot import Starlette, Jinja2 or uvicorn."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK_THE_EXTRA + code], capture_output=True, text=True, env=environment
+    )
+
+
 def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:
     database = tmp_path / "kernel.sqlite"
     open_store(database).close()
-    probe = BLOCK_THE_EXTRA + (
+    shown = _without_the_extra(
         "import scheduler.dashboard\n"  # importing the package needs none of the extra
         "try:\n    scheduler.dashboard.create_app\nexcept ImportError as error:\n    print(error)\n"
     )
-    shown = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
     assert shown.returncode == 0 and 'pip install "scheduler-kernel[dashboard]"' in shown.stdout, shown
-    command = BLOCK_THE_EXTRA + f"sys.argv = ['scheduler', 'dashboard', '--db', {str(database)!r}]\n"
-    command += "from scheduler.cli import main\nmain()\n"
-    served = subprocess.run(
-        [sys.executable, "-c", command],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+    served = _without_the_extra(
+        f"sys.argv = ['scheduler', 'dashboard', '--db', {str(database)!r}]\n"
+        "from scheduler.cli import main\nmain()\n"
     )
     assert served.returncode == 1 and "scheduler-kernel[dashboard]" in served.stderr, served
