@@ -475,9 +475,13 @@ async def get(app: Any, path: str) -> tuple[int, bytes]:
         "server": ("127.0.0.1", 8787),
     }
     status, chunks = 0, []
+    requests = [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        if requests:  # the request once; no disconnect while the answer is being sent
+            return requests.pop()
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
         nonlocal status

@@ -141,9 +141,11 @@ for name in ("htmx.min.js", "htmx.LICENSE.txt", "chart.umd.min.js", "chart.js.LI
     assert (package / "static" / name).is_file(), name
 
 async def get(app, path):
-    answer = {}
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
+    answer, requests = {}, [{"type": "http.request", "body": b"", "more_body": False}]
+    async def receive():  # the request once, then no disconnect until the answer is sent
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()
     async def send(message):
         if message["type"] == "http.response.start":
             answer["status"] = message["status"]
