@@ -10,6 +10,7 @@ Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage e
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -62,8 +63,22 @@ app.command("stats")(ops.stats_command)
 bench.register(app)
 
 
+def _escape_unencodable_output() -> None:
+    """Print text the terminal's encoding cannot hold as ``\\uXXXX`` escapes instead of failing.
+
+    Stored strings may hold lone surrogates (canonical JSON keeps them, as JavaScript does); UTF-8
+    cannot encode them, so a strict stdout raised and the C locale's ``surrogateescape`` wrote raw
+    bytes that are not UTF-8. Escaped, a table shows them and ``--json`` stays valid JSON that decodes
+    back to the stored value (the escape is JSON's own)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
     """Console-script entry point (``scheduler``)."""
+    _escape_unencodable_output()
     app()
 
 
