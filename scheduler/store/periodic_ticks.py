@@ -8,8 +8,9 @@ host decides the same):
   occurrences it has (``latest_ticks_in``; ``prune`` keeps exactly these rows);
 * when its trigger was last changed (``trigger_changed_at``: job-level events, never pruned);
 * an enqueue of a tick that happens only while the job is still at the revision the tick was
-  computed from (``enqueue_tick_in``), so no worker that has not yet seen a change fires a tick of
-  the old schedule after it.
+  computed from and has fired no tick of that type at or after it (``enqueue_tick_in``), so no
+  worker that has not yet seen a change fires a tick of the old schedule after it, and none whose
+  memory of the last fired tick is stale fires a tick again that a prune deleted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.jobs import load_job, not_found, trigger_changed_at
-from scheduler.store.occurrences import OMITTED, EnqueueRequest, enqueue_once_in, normalize_enqueue
+from scheduler.store.occurrences import (
+    OMITTED,
+    EnqueueRequest,
+    enqueue_in,
+    normalize_enqueue,
+    prior_for_trigger,
+)
 from scheduler.store.records import Job, Occurrence, Record
 from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
@@ -90,6 +97,17 @@ def _newest_ticks() -> Any:
     ).where(ranked.c.rank == 1)
 
 
+_LATER_TICK: Final = Prepared(
+    select(_o.c.occurrence_id)
+    .where(
+        _o.c.job_id == bindparam("job_id"),
+        _o.c.scheduled_for >= bindparam("at"),
+        func.substr(_o.c.trigger_key, 1, bindparam("width")) == bindparam("prefix"),
+    )
+    .limit(1)
+)
+"""A tick of one type (key prefix) at or after an instant: prune never deletes a job's newest tick
+of a type, so one exists whenever any tick at or after that instant ever fired."""
 _NEWEST_TICKS: Final = Prepared(_newest_ticks())
 """One pass over the job's occurrences (``scheduler_occurrences_job``), not bounded to its newest
 rows: a tick buried under any number of later occurrences is still found."""
@@ -110,17 +128,35 @@ def periodic_state_in(tx: Tx, job_id: str) -> PeriodicState | None:
     return PeriodicState(job, trigger_changed_at(tx, job), latest_ticks_in(tx, job_id))
 
 
+def _later_tick_fired(tx: Tx, request: EnqueueRequest) -> bool:
+    """Whether the job has a tick of the request's type at or after its ``scheduled_for``."""
+    prefix = tick_prefix(request.trigger_key)
+    if prefix is None:
+        return False
+    params = {"job_id": request.job_id, "at": request.scheduled_for, "prefix": prefix, "width": len(prefix)}
+    return tx.first(_LATER_TICK, params) is not None
+
+
 def enqueue_tick_in(tx: Tx, request: EnqueueRequest, job_revision: int) -> Occurrence | None:
-    """``enqueue_occurrence_once_per_trigger`` if the job is still at ``job_revision``, else ``None``.
+    """``enqueue_occurrence_once_per_trigger`` if the job is still at ``job_revision`` and fired no
+    tick of the same type at or after this one since; else ``None`` (nothing written).
 
     The job's row is locked before its revision is compared, and ``update_job`` locks it too, so
-    a tick is enqueued only under the trigger it was computed from."""
+    a tick is enqueued only under the trigger it was computed from. The later-tick check is what
+    the caller's floor (its last fired tick, read earlier) already says, taken again inside the
+    write: a caller whose memory is stale (suspended while other workers fired, and a prune then
+    deleted those ticks but the newest) would otherwise enqueue the pruned ticks again."""
     job = load_job(tx, request.job_id, lock=True)
     if job is None:
         raise not_found("job", request.job_id)
     if job.revision != job_revision:
         return None
-    return enqueue_once_in(tx, request)
+    prior = prior_for_trigger(tx, request)
+    if prior is not None:
+        return prior
+    if _later_tick_fired(tx, request):
+        return None
+    return enqueue_in(tx, request)
 
 
 class PeriodicTickOperations(StoreBase):
@@ -145,8 +181,10 @@ class PeriodicTickOperations(StoreBase):
     ) -> Occurrence | None:
         """``enqueue_occurrence_once_per_trigger(job_id, scheduled_for, trigger_key)`` (the job's
         payload), done only if the job is still at ``job_revision``: ``None`` (nothing written) when
-        it changed since the tick was computed. ``SCHEDULER_NOT_FOUND`` / ``SCHEDULER_JOB_DISABLED``
-        as the enqueue; invalid arguments ``SCHEDULER_INVALID_ARGUMENT``."""
+        it changed since the tick was computed, or when the trigger key is new and the job already
+        fired a tick of its type (``cron:``, ``interval:``, ``once:``) at or after ``scheduled_for``.
+        ``SCHEDULER_NOT_FOUND`` / ``SCHEDULER_JOB_DISABLED`` as the enqueue; invalid arguments
+        ``SCHEDULER_INVALID_ARGUMENT``."""
         normalize_key(job_id, "jobId")
         revision = assert_positive_safe_int(job_revision, "jobRevision")
         request = normalize_enqueue(job_id, scheduled_for, trigger_key, None, OMITTED)
