@@ -284,22 +284,18 @@ def list_by_trigger(tx: Tx, job_id: str, trigger_key: str, limit: int) -> list[O
     return [occurrence_record(row) for row in rows]
 
 
-def prior_for_trigger(tx: Tx, request: EnqueueRequest) -> Occurrence | None:
-    """The job's occurrence with the request's trigger key (``deduplicated``), or ``None``."""
-    prior = tx.all(_BY_TRIGGER, {"job_id": request.job_id, "trigger_key": request.trigger_key, "limit": 2})
-    if len(prior) > 1:
-        raise data_corrupt("Multiple occurrences exist for a unique job trigger")
-    return occurrence_record(prior[0], deduplicated=True) if prior else None
-
-
 def enqueue_once_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     """Return any earlier occurrence of the job + trigger (no payload check), else enqueue.
 
     The job's row is locked first, so concurrent calls for one job run one at a time and a tick
     is enqueued once."""
     lock_job_row(tx, request.job_id)
-    prior = prior_for_trigger(tx, request)
-    return prior if prior is not None else enqueue_in(tx, request)
+    prior = tx.all(_BY_TRIGGER, {"job_id": request.job_id, "trigger_key": request.trigger_key, "limit": 2})
+    if len(prior) > 1:
+        raise data_corrupt("Multiple occurrences exist for a unique job trigger")
+    if prior:
+        return occurrence_record(prior[0], deduplicated=True)
+    return enqueue_in(tx, request)
 
 
 def load_occurrence(tx: Tx, occurrence_id: str) -> Occurrence | None:

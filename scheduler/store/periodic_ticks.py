@@ -18,21 +18,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import bindparam, case, func, select
+from sqlalchemy import and_, bindparam, case, func, or_, select
 
 from scheduler.contract.scalars import assert_positive_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.jobs import load_job, not_found, trigger_changed_at
+from scheduler.store.occurrence_rows import occurrence_record
 from scheduler.store.occurrences import (
     OMITTED,
     EnqueueRequest,
     enqueue_in,
+    enqueue_once_in,
     normalize_enqueue,
-    prior_for_trigger,
 )
 from scheduler.store.records import Job, Occurrence, Record
+from scheduler.store.rows import data_corrupt
 from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
@@ -97,17 +99,30 @@ def _newest_ticks() -> Any:
     ).where(ranked.c.rank == 1)
 
 
-_LATER_TICK: Final = Prepared(
-    select(_o.c.occurrence_id)
-    .where(
-        _o.c.job_id == bindparam("job_id"),
-        _o.c.scheduled_for >= bindparam("at"),
-        func.substr(_o.c.trigger_key, 1, bindparam("width")) == bindparam("prefix"),
+def _prior_or_later() -> Any:
+    key: Any = bindparam("trigger_key")
+    other_key = case((_o.c.trigger_key == key, 0), else_=1)
+    return (
+        select(_o, other_key.label("other_key"))
+        .where(
+            _o.c.job_id == bindparam("job_id"),
+            or_(
+                _o.c.trigger_key == key,
+                and_(
+                    _o.c.scheduled_for >= bindparam("at"),
+                    func.substr(_o.c.trigger_key, 1, bindparam("width")) == bindparam("prefix"),
+                ),
+            ),
+        )
+        .order_by(other_key, _o.c.created_at, _o.c.occurrence_id)
+        .limit(2)
     )
-    .limit(1)
-)
-"""A tick of one type (key prefix) at or after an instant: prune never deletes a job's newest tick
-of a type, so one exists whenever any tick at or after that instant ever fired."""
+
+
+_PRIOR_OR_LATER: Final = Prepared(_prior_or_later())
+"""In one pass over the job's occurrences: those with the tick's key (first), else a tick of its
+type (key prefix) at or after it. Prune never deletes a job's newest tick of a type, so one exists
+whenever any tick at or after that instant ever fired."""
 _NEWEST_TICKS: Final = Prepared(_newest_ticks())
 """One pass over the job's occurrences (``scheduler_occurrences_job``), not bounded to its newest
 rows: a tick buried under any number of later occurrences is still found."""
@@ -128,15 +143,6 @@ def periodic_state_in(tx: Tx, job_id: str) -> PeriodicState | None:
     return PeriodicState(job, trigger_changed_at(tx, job), latest_ticks_in(tx, job_id))
 
 
-def _later_tick_fired(tx: Tx, request: EnqueueRequest) -> bool:
-    """Whether the job has a tick of the request's type at or after its ``scheduled_for``."""
-    prefix = tick_prefix(request.trigger_key)
-    if prefix is None:
-        return False
-    params = {"job_id": request.job_id, "at": request.scheduled_for, "prefix": prefix, "width": len(prefix)}
-    return tx.first(_LATER_TICK, params) is not None
-
-
 def enqueue_tick_in(tx: Tx, request: EnqueueRequest, job_revision: int) -> Occurrence | None:
     """``enqueue_occurrence_once_per_trigger`` if the job is still at ``job_revision`` and fired no
     tick of the same type at or after this one since; else ``None`` (nothing written).
@@ -151,12 +157,23 @@ def enqueue_tick_in(tx: Tx, request: EnqueueRequest, job_revision: int) -> Occur
         raise not_found("job", request.job_id)
     if job.revision != job_revision:
         return None
-    prior = prior_for_trigger(tx, request)
-    if prior is not None:
-        return prior
-    if _later_tick_fired(tx, request):
-        return None
-    return enqueue_in(tx, request)
+    prefix = tick_prefix(request.trigger_key)
+    if prefix is None:  # not a tick's key: nothing to compare it with
+        return enqueue_once_in(tx, request)
+    params = {
+        "job_id": request.job_id,
+        "trigger_key": request.trigger_key,
+        "at": request.scheduled_for,
+        "prefix": prefix,
+        "width": len(prefix),
+    }
+    rows = tx.all(_PRIOR_OR_LATER, params)
+    prior = [row for row in rows if row.other_key == 0]
+    if len(prior) > 1:
+        raise data_corrupt("Multiple occurrences exist for a unique job trigger")
+    if prior:
+        return occurrence_record(prior[0], deduplicated=True)
+    return None if rows else enqueue_in(tx, request)
 
 
 class PeriodicTickOperations(StoreBase):
