@@ -24,6 +24,7 @@ from scheduler.store.notify import NotifyOperations
 from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
+from scheduler.store.release import ReleaseOperations
 from scheduler.store.runner_base import SERVER_CLOCK, Runner
 from scheduler.store.runtime_control import RuntimeControlOperations
 from scheduler.store.session import OwnedRunner
@@ -51,6 +52,7 @@ class SchedulerStore(
     JobOperations,
     OccurrenceOperations,
     LeaseOperations,
+    ReleaseOperations,
     HistoryOperations,
     AuthorityOperations,
     AdjudicationOperations,

@@ -54,6 +54,7 @@ STATES: Final[Mapping[str, tuple[str, int]]] = {
     "occurrence_paused": ("paused", _INFO),
     "occurrence_resume_requested": ("resumed", _INFO),
     "occurrence_requeued": ("requeued", _INFO),
+    "occurrence_released": ("released", _INFO),
     "occurrence_adjudication_recorded": ("adjudicated", _INFO),
 }
 SWEPT: Final = ("swept", _WARNING)
