@@ -89,9 +89,12 @@ def writes_blocked(place: StorePlace, occurrence_id: str) -> Iterator[None]:
         blocker.close()
 
 
-def start_worker(home: Path, place: StorePlace, *extra: str) -> subprocess.Popen[str]:
+def start_worker(
+    home: Path, place: StorePlace, *extra: str, handlers: str = "handlers_module:HANDLERS"
+) -> subprocess.Popen[str]:
+    """``scheduler worker HANDLERS`` on ``place``, run in ``home`` (where the handlers module is)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "scheduler", *db_options(place), "worker", "handlers_module:HANDLERS"]
+    command = [sys.executable, "-m", "scheduler", *db_options(place), "worker", handlers]
     return subprocess.Popen([*command, *extra], cwd=home, env=env, stderr=subprocess.PIPE, text=True)
 
 

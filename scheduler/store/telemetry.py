@@ -67,6 +67,17 @@ _SETTLEMENT_OUTCOMES: Final = {
 _CLAIMS: Final = ("occurrence_claimed", "occurrence_reclaimed")
 
 
+NAMED_FIELDS: Final = ("occurrence", "job", "kind", "attempt", "fence")
+"""The ``extra`` fields a text log message names (``owner`` stays in ``extra`` only)."""
+
+
+def describe(fields: Mapping[str, object]) -> str:
+    """``occurrence=… job=… kind=… attempt=… fence=…``: the fields of ``fields`` that are set, for
+    the message of a record, so a plain text log names what it is about (JSON logs have the
+    same fields as attributes)."""
+    return " ".join(f"{name}={fields[name]}" for name in NAMED_FIELDS if fields.get(name) is not None)
+
+
 def _state(row: Mapping[str, Any], data: Mapping[str, Any]) -> tuple[str, int]:
     event = row["event_type"]
     if event == "occurrence_dead_lettered" and data.get("reason") == "lease_expired":
@@ -202,8 +213,7 @@ class StateChanges:
                 "fence": row["fence"],
                 "attempt": data.get("attempt"),
             }
-            subject = row["occurrence_id"] or row["job_id"]
-            events_log.log(level, "%s %s", state, subject, extra=extra)
+            events_log.log(level, "%s %s", state, describe(extra), extra=extra)
         if self.metrics is not None:
             self._count(row["event_type"], data, kind or "")
 
@@ -271,17 +281,14 @@ def log_lease_lost(
     occurrence_id: str, *, owner_id: str | None = None, fence: int | None = None, job_id: str | None = None
 ) -> None:
     """The ``lease lost`` record, logged where ``SCHEDULER_LEASE_LOST`` is raised."""
-    leases_log.warning(
-        "lease lost %s",
-        occurrence_id,
-        extra={
-            "event": "lease_lost",
-            "state": "lease lost",
-            "occurrence": occurrence_id,
-            "job": job_id,
-            "kind": None,
-            "owner": owner_id,
-            "fence": fence,
-            "attempt": None,
-        },
-    )
+    extra = {
+        "event": "lease_lost",
+        "state": "lease lost",
+        "occurrence": occurrence_id,
+        "job": job_id,
+        "kind": None,
+        "owner": owner_id,
+        "fence": fence,
+        "attempt": None,
+    }
+    leases_log.warning("lease lost %s", describe(extra), extra=extra)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.records import Job, Occurrence
+from scheduler.store.telemetry import describe
 from scheduler.worker.triggers import Trigger, TriggerError, due_floor, parse_trigger
 
 if TYPE_CHECKING:
@@ -133,11 +134,8 @@ class PeriodicScheduler:
             fired[trigger.prefix] = max(fired.get(trigger.prefix, tick.at), tick.at)
             if not occurrence.deduplicated:
                 created.append(occurrence)
-                log.info(
-                    "fired %s",
-                    tick.key,
-                    extra={"job": entry.job.id, "kind": entry.job.kind, "occurrence": occurrence.id},
-                )
+                extra = {"occurrence": occurrence.id, "job": entry.job.id, "kind": entry.job.kind}
+                log.info("fired %s %s", tick.key, describe(extra), extra=extra)
         return created
 
     def next_due_in_ms(self, now: int) -> int:
