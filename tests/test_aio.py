@@ -116,11 +116,22 @@ async def _script(call: Call, outcomes: list[Any]) -> None:
     await step("list_dead_letters")
     await step("requeue_dead_letter", occurrence_id=second.id, expected_fence=second.fence,
                expected_error_code="E_BROKEN", request_id="rq-1")  # fmt: skip
+    await step("cancel_occurrence", occurrence_id=second.id, reason="async cancel")
+    await step("cancel_occurrence", occurrence_id=second.id)  # already cancelled: unchanged
+    await step("cancel_occurrence", occurrence_id=first.id)  # succeeded: conflict
+    await step("cancel_occurrence", occurrence_id="occ-missing")  # not found
+    await step("cancel_occurrence", occurrence_id=second.id, reason=5)  # invalid
+    await step("requeue_dead_letter", occurrence_id=second.id, expected_fence=second.fence + 1,
+               expected_error_code="CANCELLED", request_id="rq-2")  # fmt: skip
     await step("history", job_id="j1", limit=100)
     await step("get_occurrence_runtime", first.id)
     await step("list_controllable_occurrences")
     await step("list_periodic_jobs")
     await step("latest_trigger_ticks", "j1")
+    await step("periodic_state", "j1")
+    tick = {"job_id": "j1", "scheduled_for": T0 + 60_000, "trigger_key": "interval:1"}
+    await step("enqueue_periodic_tick", job_revision=2, **tick)
+    await step("enqueue_periodic_tick", job_revision=1, **tick)  # the job changed: None
     await step("queue_depth")
     await step("stats")
     await step("prune", older_than_ms=0, dry_run=True)
@@ -166,6 +177,37 @@ def test_the_same_calls_give_the_same_results_and_errors(aio_place: AioPlace) ->
     assert tables == expected_tables
     if any("unexpected" in str(outcome) for _, outcome in expected):
         pytest.xfail(f"the synchronous store fails too: {expected[-1]}")
+
+
+def test_cancel_occurrence_is_awaited_with_the_sync_stores_outcomes(aio_place: AioPlace) -> None:
+    async def body() -> None:
+        async with await aio_place.open_async("cancel", **options()) as store:
+            await store.create_job(id="c1", kind="email", authority=AUTHORITY, max_attempts=2)
+            await store.enqueue_occurrence(job_id="c1", scheduled_for=T0, trigger_key="k")
+            running = await store.claim_next(owner_id="w", lease_ms=60_000)
+            assert running is not None
+            cancelled = await store.cancel_occurrence(occurrence_id=running.id, reason="stop")
+            assert (cancelled.status, cancelled.fence) == ("dead_letter", running.fence + 1)
+            assert cancelled.last_error == {"code": "CANCELLED", "message": "stop"}
+            assert await store.cancel_occurrence(occurrence_id=running.id) == cancelled
+            before = await store.run_sync(dump_tables)
+            with pytest.raises(SchedulerKernelError) as lost:
+                await store.settle(
+                    occurrence_id=running.id, owner_id="w", fence=running.fence, outcome="succeeded"
+                )
+            assert lost.value.code == "SCHEDULER_LEASE_LOST"
+            with pytest.raises(SchedulerKernelError) as invalid:
+                await store.cancel_occurrence(occurrence_id=running.id, reason=["not", "text"])
+            assert invalid.value.code == "SCHEDULER_INVALID_ARGUMENT"
+            assert await store.run_sync(dump_tables) == before
+            assert [dead.id for dead in await store.list_dead_letters()] == [running.id]
+            requeued = await store.requeue_dead_letter(
+                occurrence_id=running.id, expected_fence=cancelled.fence, expected_error_code="CANCELLED",
+                request_id="rq",
+            )  # fmt: skip
+            assert requeued.occurrence.status == "retry_wait"
+
+    asyncio.run(body())
 
 
 def test_transaction_blocks_commit_or_roll_back_together(aio_place: AioPlace) -> None:

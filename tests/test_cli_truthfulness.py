@@ -168,6 +168,8 @@ BAD_OPTIONS = [
     ("requeue", "occ_x", "--request-id", ""),
     ("requeue", "occ_x", "--error-code", " "),
     ("requeue", "\udcff"),
+    ("cancel", "\udcff"),
+    ("cancel", "occ_x", "--reason", "r" * 2_001),
     ("pause", "occ_x", "--fence", "-1"),
     ("pause", "occ_x", "--safe-point", "bogus"),
     ("pause", "occ_x", "--request-id", "a\x01b"),
@@ -215,7 +217,13 @@ def test_a_bad_decision_option_exits_2_and_creates_nothing(tmp_path: Path, optio
 
 @pytest.mark.parametrize(
     "arguments",
-    [("requeue", "occ_x"), ("pause", "occ_x"), ("resume", "occ_x"), ("prune", "--older-than", "30d")],
+    [
+        ("requeue", "occ_x"),
+        ("cancel", "occ_x"),
+        ("pause", "occ_x"),
+        ("resume", "occ_x"),
+        ("prune", "--older-than", "30d"),
+    ],
     ids=lambda arguments: arguments[0],
 )
 def test_a_write_command_on_a_missing_database_is_not_found_and_creates_nothing(

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import start_scheduler, stop_gracefully
 from store_places import StorePlace
 
 from scheduler.worker import RetryPolicy, Worker
-from tests.test_worker_processes import start_worker, status_of, stop
+from tests.test_worker_processes import db_options, status_of
 from tests.worker_support import add_job, enqueue, running, wait_for
 
 SLOW_RETRY = RetryPolicy(base_ms=60_000, max_ms=60_000, jitter=0.0)
@@ -172,13 +173,19 @@ def test_a_worker_process_survives_an_async_handler_calling_sys_exit(
         add_job(store, "ok")
         exits = enqueue(store, "exits", "one", at=0)
         ok = enqueue(store, "ok", "two", at=1)
-    process = start_worker(
-        tmp_path, place, "--retry-base-ms", "60000", "--no-periodic", handlers="ending_handlers:HANDLERS"
+    process = start_scheduler(
+        tmp_path,
+        *db_options(place),
+        "worker",
+        "ending_handlers:HANDLERS",
+        "--retry-base-ms",
+        "60000",
+        "--no-periodic",
     )
     try:
         wait_for(lambda: status_of(place, ok)[0] == "succeeded", 30, "the occurrence behind it")
     finally:
-        code, stderr = stop(process)
+        code, stderr = stop_gracefully(process)
     assert code == 0, stderr
     assert status_of(place, exits)[:2] == ("retry_wait", 1)
     assert "handler failed: SystemExit" in stderr and "worker stopped" in stderr

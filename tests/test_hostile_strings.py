@@ -1,4 +1,4 @@
-"""Hostile strings at the store boundary (issue 15 item 7; docs/architecture.md "Hostile strings").
+"""Hostile strings at the store boundary (issue 15 item 7; docs/design/architecture.md "Hostile strings").
 
 Rule: a string the store keeps as a column value or looks rows up by (every identifier argument,
 and the identifier fields of authority envelopes, principals, capability lists and migration plans)
@@ -458,12 +458,21 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
     ],
     "list_periodic_jobs": [key(lambda s, w, v: s.list_periodic_jobs(job_kinds=["agenda", v]), 128)],
     "latest_trigger_ticks": [key(lambda s, w, v: s.latest_trigger_ticks(v))],
+    "periodic_state": [key(lambda s, w, v: s.periodic_state(v))],
+    "enqueue_periodic_tick": [
+        key(lambda s, w, v: s.enqueue_periodic_tick(**_tick(job_id=v))),
+        key(lambda s, w, v: s.enqueue_periodic_tick(**_tick(trigger_key=v))),
+    ],
     "get_occurrence_runtime": [key(lambda s, w, v: s.get_occurrence_runtime(v))],
     "list_controllable_occurrences": [
         closed(lambda s, w, v: s.list_controllable_occurrences(statuses=[v])),
         key(lambda s, w, v: s.list_controllable_occurrences(job_kinds=["agenda", v]), 128),
     ],
     "prune": [closed(lambda s, w, v: s.prune(older_than_ms=0, dry_run=True, statuses=[v]))],
+    "cancel_occurrence": [
+        key(lambda s, w, v: s.cancel_occurrence(occurrence_id=v)),
+        other(lambda s, w, v: s.cancel_occurrence(occurrence_id="occ-missing", reason=v)),
+    ],
     "requeue_dead_letter": [
         key(lambda s, w, v: s.requeue_dead_letter(
             occurrence_id=v, expected_fence=1, expected_error_code="E", request_id="r")),
@@ -474,6 +483,12 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
     ],
 }
 # fmt: on
+
+
+def _tick(**changes: Any) -> dict[str, Any]:
+    return {"job_id": "job-a", "job_revision": 1, "scheduled_for": T0, "trigger_key": "t", **changes}
+
+
 NO_STRING_ARGUMENTS = frozenset(
     {"close", "notify_workers", "schema_info", "transaction", "on_connection", "stats", "queue_depth"}
 )

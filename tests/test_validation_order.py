@@ -112,6 +112,7 @@ READS: dict[str, Callable[[SchedulerStore], Any]] = {
     # beyond the original (scheduler.worker's reads), built by the same rule
     "list_periodic_jobs": lambda s: s.list_periodic_jobs(job_kinds="agenda"),
     "latest_trigger_ticks": lambda s: s.latest_trigger_ticks(""),
+    "periodic_state": lambda s: s.periodic_state(""),
     "get_occurrence_runtime": lambda s: s.get_occurrence_runtime(""),
     "list_controllable_occurrences": lambda s: s.list_controllable_occurrences(statuses=[]),
 }
@@ -126,6 +127,9 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
         job_id="job-a", scheduled_for=T0, trigger_key=""
     ),
     "enqueue_many": lambda s: s.enqueue_many([{"job_id": "", "scheduled_for": T0, "trigger_key": "t"}]),
+    "enqueue_periodic_tick": lambda s: s.enqueue_periodic_tick(
+        job_id="job-a", job_revision=0, scheduled_for=T0, trigger_key="interval:0"
+    ),
     "claim_next": lambda s: s.claim_next(owner_id="w", lease_ms=0),
     "claim_batch": lambda s: s.claim_batch(owner_id="w", lease_ms=10, limit=0),
     "claim_occurrence": lambda s: s.claim_occurrence(occurrence_id="", owner_id="w", lease_ms=10),
@@ -181,7 +185,8 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
     "requeue_dead_letter": lambda s: s.requeue_dead_letter(
         occurrence_id="o", expected_fence=1, expected_error_code="", request_id="r"
     ),
-    # beyond the original: maintenance, validated like a write
+    # beyond the original: cancellation and maintenance, validated like writes
+    "cancel_occurrence": lambda s: s.cancel_occurrence(occurrence_id="o", reason=7),
     "prune": lambda s: s.prune(older_than_ms=-1),
 }
 NO_ARGUMENTS = frozenset(

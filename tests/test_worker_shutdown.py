@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import start_scheduler, stop_gracefully
 from store_places import StorePlace
 
 from scheduler.worker import Worker
-from tests.test_worker_processes import events_of, start_worker, status_of, stop
+from tests.test_worker_processes import db_options, events_of, status_of
 from tests.worker_support import add_job, enqueue, running, wait_for
 
 HANDLERS = textwrap.dedent(
@@ -61,7 +62,7 @@ def home(tmp_path: Path) -> Path:
 
 
 def start(home: Path, place: StorePlace, *extra: str) -> subprocess.Popen[str]:
-    return start_worker(home, place, *extra, handlers="shutdown_handlers:HANDLERS")
+    return start_scheduler(home, *db_options(place), "worker", "shutdown_handlers:HANDLERS", *extra)
 
 
 def types(place: StorePlace, occurrence_id: str) -> list[str]:
@@ -78,7 +79,7 @@ def test_after_sigterm_the_worker_claims_nothing_more(home: Path, place: StorePl
         second = enqueue(store, "slow", "second", payload={"seconds": 6.0}, at=1)
     process = start(home, place, "--grace-ms", "3000", "--lease-ms", "1000", "--no-periodic")
     wait_for(lambda: (home / "marks" / "slow-first").exists(), 30, "the first handler")
-    code, stderr = stop(process)
+    code, stderr = stop_gracefully(process)
     assert code == 0, stderr
     assert status_of(place, first)[0] == "succeeded"
     assert not (home / "marks" / "slow-second").exists(), "a handler started after SIGTERM"
@@ -103,7 +104,7 @@ def test_work_the_grace_period_cannot_finish_is_released_at_once(home: Path, pla
     for kind in kinds:
         wait_for(lambda kind=kind: (home / "marks" / f"{kind}-one").exists(), 30, f"the {kind} handler")
     started = time.monotonic()
-    code, stderr = stop(process)
+    code, stderr = stop_gracefully(process)
     assert code == 0, stderr
     assert time.monotonic() - started < 10
     with place.open() as store:  # another worker takes them at once, each on its only attempt

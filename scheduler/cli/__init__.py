@@ -1,10 +1,13 @@
 """The ``scheduler`` operator command line (Typer + rich).
 
 ``--db`` names a SQLite file or a PostgreSQL database (``postgresql+psycopg://``; ``--schema``,
-before the command or after it, picks the scheduler's schema there, default ``scheduler``). Read
+before the command or after it, picks the scheduler's schema there, default ``scheduler``). A SQLite
+file shared with an application (the scheduler's tables beside its own, ``exclusive=False``) is
+detected and opened as such; ``--shared`` says so where nothing can be detected yet. Ids: every
+command that takes an id accepts a unique prefix; tables show short ids (``scheduler.cli.ids``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
-``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``pause``, ``resume`` and ``prune``
-write. Every read command takes ``--json``.
+``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume`` and
+``prune`` write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
@@ -16,11 +19,12 @@ import typer
 
 from scheduler import bench
 from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
-from scheduler.cli.common import DbOption, SchemaOption, configure_logging, set_root_db
+from scheduler.cli.common import DbOption, SchemaOption, SharedOption, configure_logging, set_root_db
 
 app = typer.Typer(
     name="scheduler",
-    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, prune.",
+    help="Run workers and operate a scheduler database: create, upgrade, verify, inspect, requeue, cancel, "
+    "prune.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -31,11 +35,12 @@ app = typer.Typer(
 def root(
     db: DbOption = None,
     schema: SchemaOption = None,
+    shared: SharedOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs on stderr.")] = False,
 ) -> None:
-    """Global options; ``--db`` and ``--schema`` here apply to every command (a command's own
-    ``--db``/``--schema`` wins)."""
-    set_root_db(db, schema)
+    """Global options; ``--db``, ``--schema`` and ``--shared`` here apply to every command (a
+    command's own ``--db``/``--schema`` wins; ``--shared`` anywhere counts)."""
+    set_root_db(db, schema, shared)
     configure_logging(verbose)
 
 
@@ -53,6 +58,7 @@ app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
 app.command("worker")(worker_cmd.worker_command)
 app.command("requeue")(ops.requeue_command)
+app.command("cancel")(ops.cancel_command)
 app.command("pause")(ops.pause_command)
 app.command("resume")(ops.resume_command)
 app.command("prune")(ops.prune_command)

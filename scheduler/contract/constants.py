@@ -11,6 +11,10 @@ SUCCEEDED: Final = "succeeded"
 DEAD_LETTER: Final = "dead_letter"
 OCCURRENCE_STATUSES: Final = (QUEUED, RUNNING, RETRY_WAIT, SUCCEEDED, DEAD_LETTER)
 TERMINAL_STATUSES: Final = frozenset({SUCCEEDED, DEAD_LETTER})
+CANCELLED_ERROR_CODE: Final = "CANCELLED"
+"""``lastError.code`` of an occurrence dead-lettered by ``cancel_occurrence`` (API §12)."""
+MAX_CANCEL_REASON_CHARS: Final = 2_000
+"""The longest ``reason`` ``cancel_occurrence`` accepts (characters, as a worker's error message)."""
 
 CONTRACT_VERSION: Final = 1
 AUTHORITY_ENVELOPE_VERSION: Final = 1

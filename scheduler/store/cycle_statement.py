@@ -224,7 +224,8 @@ def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any
 
 
 def _settled_data_sql(settled: Any) -> Any:
-    """The settlement event's data of a row with no reservation, succeeded (``settlement._event_data``)."""
+    """The settlement event's data of a row with no reservation, succeeded
+    (``settlement.settlement_event_data``)."""
     return (
         literal_column("""'{"attempt":'""")
         + cast(settled.c.attempt, String)

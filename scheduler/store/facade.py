@@ -14,6 +14,7 @@ from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.store import dialects
 from scheduler.store.adjudication import AdjudicationOperations
 from scheduler.store.authority import AuthorityOperations
+from scheduler.store.cancellation import CancellationOperations
 from scheduler.store.clock import wall_clock
 from scheduler.store.history import HistoryOperations
 from scheduler.store.jobs import JobOperations
@@ -22,6 +23,7 @@ from scheduler.store.migrations import DomainMigrationOperations
 from scheduler.store.nested_runner import NestedRunner
 from scheduler.store.notify import NotifyOperations
 from scheduler.store.occurrences import OccurrenceOperations
+from scheduler.store.periodic_ticks import PeriodicTickOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
 from scheduler.store.release import ReleaseOperations
@@ -57,8 +59,10 @@ class SchedulerStore(
     AuthorityOperations,
     AdjudicationOperations,
     RuntimeControlOperations,
+    CancellationOperations,
     DomainMigrationOperations,
     WorkerReadOperations,
+    PeriodicTickOperations,
     StatsOperations,
     PruneOperations,
     NotifyOperations,

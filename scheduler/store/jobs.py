@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -52,6 +53,34 @@ def load_job(tx: Tx, job_id: str, *, lock: bool = False) -> Job | None:
     """The job, or ``None``; ``lock`` holds its row for the rest of the transaction (the row
     that decides a compare-and-set update or a once-per-trigger enqueue)."""
     return map_job(tx.first(_JOB_LOCKED if lock else _JOB, {"job_id": job_id}))
+
+
+_e = t.events
+_TRIGGER_UPDATES: Final = Prepared(
+    select(_e.c.occurred_at, _e.c.data_json)
+    .where(
+        _e.c.job_id == bindparam("job_id"),
+        _e.c.occurrence_id.is_(None),
+        _e.c.event_type == "job_updated",
+        _e.c.data_json.like('%"trigger"%'),  # canonical JSON: only a changedFields entry matches
+    )
+    .order_by(_e.c.event_id.desc())
+)
+
+
+def trigger_changed_at(tx: Tx, job: Job) -> int | None:
+    """When the job's trigger was last set by ``update_job`` (its ``job_updated`` event listing
+    ``trigger``, at ``occurred_at``), or ``None`` if it is still the one the job was created with.
+
+    Job-level events are never pruned, so every reader of any later state gets the same answer.
+    Setting the trigger to the value it already had counts as a change (the event does not say).
+    """
+    if job.revision == 1:
+        return None
+    for row in tx.all(_TRIGGER_UPDATES, {"job_id": job.id}):
+        if "trigger" in json.loads(row.data_json).get("changedFields", ()):
+            return int(row.occurred_at)
+    return None
 
 
 def _job_values(job: dict[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,11 @@ It must be ``succeeded`` or ``dead_letter``, settled before the cutoff, and have
   window's usage with its reservations, so they must stay until the window closes);
 * a job that is not the target of a domain-migration entry that can still be rolled back (rollback
   compares the target's occurrence and event counts with the recorded ones);
-* and it must not be its job's last fired periodic tick (``latest_trigger_ticks``), so a worker
-  never fires an old tick again.
+* and it must not be its job's last fired periodic tick of its trigger type (the ``cron:``,
+  ``interval:`` or ``once:`` key with the largest ``scheduled_for`` among all the job's
+  occurrences, ``periodic_ticks.latest_ticks_in``: what a worker reads to know which ticks it
+  fired), so a restarted worker never fires an old tick again, however many other occurrences
+  the job has.
 
 Deleted with it: its ``events`` rows, authority reservation, adjudication, runtime control and
 requeue requests. Jobs, job-level events and authority usage counters stay. Each batch is one write
@@ -22,7 +25,7 @@ transaction; a pruned occurrence's idempotency key can be enqueued again (it cre
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sqlalchemy import and_, bindparam, delete, exists, func, or_, select
@@ -34,9 +37,9 @@ from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.dialect import glob_match, json_text_field
 from scheduler.store.occurrence_rows import chunks
+from scheduler.store.periodic_ticks import FiredTick, latest_ticks_in, tick_prefix
 from scheduler.store.records import Record
 from scheduler.store.tx import Tx
-from scheduler.store.worker_reads import latest_ticks_in
 
 PRUNABLE_STATUSES: Final = (SUCCEEDED, DEAD_LETTER)
 DEFAULT_PRUNE_BATCH: Final = 500
@@ -112,7 +115,7 @@ def _after_cursor() -> Any:
 
 
 _CANDIDATES: Final = (
-    select(_o.c.occurrence_id, _o.c.job_id, _o.c.available_at, _o.c.scheduled_for)
+    select(_o.c.occurrence_id, _o.c.job_id, _o.c.trigger_key, _o.c.available_at, _o.c.scheduled_for)
     .where(_eligible(), _after_cursor())
     .order_by(_o.c.available_at, _o.c.lease_expires_at, _o.c.scheduled_for, _o.c.occurrence_id)
     .limit(bindparam("batch"))
@@ -127,9 +130,9 @@ _CHILDREN: Final = {
 }
 
 
-def _protected_ticks(tx: Tx, job_ids: Sequence[str]) -> set[str]:
-    """Each job's last fired periodic tick (what a worker reads as the tick not to fire again)."""
-    return {tick.occurrence_id for job_id in job_ids for tick in latest_ticks_in(tx, job_id).values()}
+def _outranks(row: Any, kept: FiredTick | None) -> bool:
+    """Whether the candidate is newer than the newest tick of its type read so far."""
+    return kept is None or (row.scheduled_for, row.occurrence_id) > (kept.scheduled_for, kept.occurrence_id)
 
 
 @dataclass
@@ -142,6 +145,22 @@ class _Pass:
     dry_run: bool
     counts: dict[str, int]
     batches: int = 0
+    newest: dict[str, dict[str, FiredTick]] = field(default_factory=dict)
+    """Each job's newest tick per type, read once per prune (re-read when a candidate might outrank
+    it: a tick fired meanwhile, or one another prune left as the newest)."""
+
+    def _protected(self, tx: Tx, rows: Sequence[Any]) -> set[str]:
+        """The candidates' jobs' newest ticks: what a restarted worker reads, never pruned."""
+        for row in rows:
+            family = tick_prefix(row.trigger_key)
+            known = self.newest.get(row.job_id)
+            if family is not None and (known is None or _outranks(row, known.get(family))):
+                self.newest[row.job_id] = latest_ticks_in(tx, row.job_id)
+        return {
+            tick.occurrence_id
+            for job_id in {row.job_id for row in rows}
+            for tick in self.newest.get(job_id, {}).values()
+        }
 
     def run_batch(self, tx: Tx, status: str, cursor: tuple[int, int, str]) -> tuple[int, int, str] | None:
         """Prune one batch after ``cursor``; the next cursor, or ``None`` when the status is done."""
@@ -158,7 +177,7 @@ class _Pass:
         if not rows:
             return None
         self.batches += 1
-        protected = _protected_ticks(tx, list(dict.fromkeys(row.job_id for row in rows)))
+        protected = self._protected(tx, rows)
         ids = [row.occurrence_id for row in rows if row.occurrence_id not in protected]
         if ids:
             self._delete(tx, ids)

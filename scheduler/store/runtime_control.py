@@ -41,9 +41,11 @@ from scheduler.store.authority import (
     lock_occurrence_row,
     occurrence_not_found,
 )
+from scheduler.store.cancellation import is_cancelled
 from scheduler.store.dialect import row_check
 from scheduler.store.records import ControlResult, OccurrenceControl, RuntimeControlOccurrence
 from scheduler.store.requeue import RequeueOperations
+from scheduler.store.rows import read_optional_json
 from scheduler.store.runtime_reads import (
     control_row,
     list_runtime_control_occurrences_in,
@@ -233,8 +235,19 @@ def request_occurrence_pause_in(tx: Tx, occurrence_id: str, request: dict[str, A
 # --------------------------------------------------------------------------- pause acknowledgement
 
 
-def _loaded_pair(tx: Tx, occurrence_id: str) -> tuple[Row[Any], OccurrenceControl]:
+def _loaded_pair(
+    tx: Tx, occurrence_id: str, *, refuse_cancelled: bool = False
+) -> tuple[Row[Any], OccurrenceControl]:
     occurrence = load_occurrence_row(tx, occurrence_id)
+    if (
+        refuse_cancelled
+        and occurrence is not None
+        and is_cancelled(
+            occurrence.status, read_optional_json(occurrence.last_error_json, "occurrence error")
+        )
+    ):
+        # cancel_occurrence fenced the owner out (and terminalized any control): the lease is gone
+        raise lease_lost(occurrence_id)
     control = load_occurrence_control(tx, occurrence_id)
     if occurrence is None or control is None:
         raise SchedulerKernelError(
@@ -320,7 +333,7 @@ def _mark_paused(tx: Tx, occurrence_id: str, ack: dict[str, Any]) -> None:
 def ack_occurrence_pause_in(tx: Tx, occurrence_id: str, ack: dict[str, Any]) -> ControlResult:
     """The owner confirms the pause: store the checkpoint, park the occurrence without using an attempt."""
     lock_occurrence_row(tx, occurrence_id)
-    occurrence, control = _loaded_pair(tx, occurrence_id)
+    occurrence, control = _loaded_pair(tx, occurrence_id, refuse_cancelled=True)
     _assert_ack(tx, occurrence, control, ack)
     _park_occurrence(tx, occurrence_id, ack)
     _mark_paused(tx, occurrence_id, ack)

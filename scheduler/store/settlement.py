@@ -162,7 +162,7 @@ _REBIND_RESUMED: Final = Prepared(
         expected_fence=bindparam("p_next_fence"), revision=_c.c.revision + 1, updated_at=bindparam("p_now")
     )
 )
-_TERMINALIZE: Final = Prepared(
+TERMINALIZE_CONTROL: Final = Prepared(
     update(_c)
     .where(_c.c.occurrence_id == bindparam("p_id"), _c.c.state == bindparam("p_state"))
     .values(
@@ -295,11 +295,11 @@ def _settle_control(tx: Tx, current: Mapping[str, Any], status: str, fence: int)
         tx.changes(_REBIND_RESUMED, {**params, "p_fence": fence, "p_next_fence": fence + 1})
         return False
     if state == "pause_requested" or state == "resumed":
-        return tx.changes(_TERMINALIZE, {**params, "p_state": state}) == 1
+        return tx.changes(TERMINALIZE_CONTROL, {**params, "p_state": state}) == 1
     return False
 
 
-def _settle_reservation(tx: Tx, current: Mapping[str, Any], status: str, outcome: dict[str, Any]) -> None:
+def settle_reservation(tx: Tx, current: Mapping[str, Any], status: str, outcome: dict[str, Any]) -> None:
     if current["reservation_status"] != "reserved" or status == RETRY_WAIT:
         return
     params = {
@@ -315,7 +315,7 @@ def _settle_reservation(tx: Tx, current: Mapping[str, Any], status: str, outcome
         )
 
 
-def _settle_adjudication(tx: Tx, current: Mapping[str, Any], status: str, outcome: dict[str, Any]) -> None:
+def settle_adjudication(tx: Tx, current: Mapping[str, Any], status: str, outcome: dict[str, Any]) -> None:
     if current["adjudication_status"] != "pending" or status == RETRY_WAIT:
         return
     params = {
@@ -342,7 +342,7 @@ def _next_state(
     return DEAD_LETTER, "occurrence_dead_lettered", current["available_at"], now
 
 
-def _event_data(
+def settlement_event_data(
     current: Mapping[str, Any], status: str, available: int, pending_adjudication: bool, terminalized: bool
 ) -> dict[str, Any]:
     data: dict[str, Any] = {"attempt": current["attempt"], "maxAttempts": current["max_attempts"]}
@@ -457,15 +457,15 @@ class _Settlements:
             if request.succeeded
             else {"status": status, "error": request.error}
         )
-        _settle_reservation(tx, current, status, outcome)
-        _settle_adjudication(tx, current, status, outcome)
+        settle_reservation(tx, current, status, outcome)
+        settle_adjudication(tx, current, status, outcome)
         self.events.add(
             job_id=current["job_id"],
             occurrence_id=identifier,
             type=event_type,
             owner_id=request.owner_id,
             fence=request.fence,
-            data=_event_data(current, status, available, pending_adjudication, terminalized),
+            data=settlement_event_data(current, status, available, pending_adjudication, terminalized),
         )
         settled_row = {**current, **changes}
         self.current[identifier] = settled_row

@@ -1,9 +1,7 @@
 """Reads the worker runtime needs beyond the original's methods (beyond the original).
 
-* ``list_periodic_jobs`` — enabled jobs whose trigger is ``cron``, ``interval`` or ``once``;
-* ``latest_trigger_ticks`` — a job's last fired periodic tick per trigger type, read from its newest
-  occurrences only (bounded, served by ``scheduler_occurrences_job``), so it stays cheap however
-  many occurrences a job has;
+* ``list_periodic_jobs`` — enabled jobs whose trigger is ``cron``, ``interval`` or ``once`` (what
+  a worker reads and writes per periodic job is in ``periodic_ticks``);
 * ``get_occurrence_runtime`` — the job kind and runtime control of a claimed occurrence in one read.
 """
 
@@ -11,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, select
 
 from scheduler.contract.constants import RUNTIME_CONTROL_OCCURRENCE_STATUSES
 from scheduler.contract.errors import invalid_argument
@@ -33,22 +31,10 @@ from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
 PERIODIC_TRIGGER_TYPES: Final = ("cron", "interval", "once")
-TICK_PREFIXES: Final = ("cron:", "interval:", "once:")
-TICK_SCAN_LIMIT: Final = 1000
-"""How many of a job's newest occurrences (by ``created_at``) are searched for its last fired tick."""
 
 _o = t.occurrences
 _j = t.jobs
 _c = t.occurrence_controls
-
-
-@dataclass(frozen=True, slots=True)
-class FiredTick(Record):
-    """The newest fired tick of one trigger type: its key and ``scheduled_for`` (epoch ms)."""
-
-    occurrence_id: str
-    trigger_key: str
-    scheduled_for: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,37 +44,6 @@ class OccurrenceRuntime(Record):
     occurrence_id: str
     job_kind: str
     control: OccurrenceControl | None
-
-
-def _newest_occurrences(job_id: Any) -> Any:
-    return (
-        select(_o.c.occurrence_id, _o.c.trigger_key, _o.c.scheduled_for)
-        .where(_o.c.job_id == job_id)
-        .order_by(_o.c.created_at.desc(), _o.c.occurrence_id.desc())
-        .limit(TICK_SCAN_LIMIT)
-        .subquery()
-    )
-
-
-def tick_prefix(trigger_key: str) -> str | None:
-    """``"cron:"``, ``"interval:"`` or ``"once:"`` if the key is a periodic tick's, else ``None``."""
-    return next((prefix for prefix in TICK_PREFIXES if trigger_key.startswith(prefix)), None)
-
-
-def latest_ticks_in(tx: Tx, job_id: str) -> dict[str, FiredTick]:
-    """The last fired tick of each periodic trigger type among the job's newest occurrences."""
-    newest = _newest_occurrences(bindparam("job_id"))
-    prefix = func.substr(newest.c.trigger_key, 1, 5)
-    query = select(newest).where(
-        (prefix == "cron:") | (prefix == "once:") | (func.substr(newest.c.trigger_key, 1, 9) == "interval:")
-    )
-    latest: dict[str, FiredTick] = {}
-    for row in tx.execute(query, {"job_id": job_id}):
-        kind = tick_prefix(row.trigger_key)
-        current = latest.get(kind) if kind else None
-        if kind and (current is None or row.scheduled_for > current.scheduled_for):
-            latest[kind] = FiredTick(row.occurrence_id, row.trigger_key, row.scheduled_for)
-    return latest
 
 
 def list_periodic_jobs_in(tx: Tx, kinds: Sequence[str] | None) -> list[Job]:
@@ -118,7 +73,7 @@ def occurrence_runtime_in(tx: Tx, occurrence_id: str) -> OccurrenceRuntime | Non
 
 
 class WorkerReadOperations(StoreBase):
-    """Reads for ``scheduler.worker`` (and operators): periodic jobs, fired ticks, claim context."""
+    """Reads for ``scheduler.worker`` (and operators): periodic jobs, claim context."""
 
     def list_periodic_jobs(self, *, job_kinds: Sequence[str] | None = None) -> list[Job]:
         """Enabled jobs whose trigger ``type`` is ``cron``, ``interval`` or ``once``, by id.
@@ -132,13 +87,6 @@ class WorkerReadOperations(StoreBase):
                 raise invalid_argument("jobKinds must be a list of job kinds")
             kinds = [normalize_key(kind, "jobKind", 128) for kind in job_kinds]
         return self._read(lambda tx: list_periodic_jobs_in(tx, kinds))
-
-    def latest_trigger_ticks(self, job_id: str) -> dict[str, FiredTick]:
-        """The job's last fired periodic tick per key prefix (``"cron:"``, ``"interval:"``, ``"once:"``):
-        the one with the largest ``scheduled_for`` among its newest 1,000 occurrences."""
-        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
-        identifier = normalize_key(job_id, "jobId")
-        return self._read(lambda tx: latest_ticks_in(tx, identifier))
 
     def list_controllable_occurrences(
         self,

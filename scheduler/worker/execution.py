@@ -14,9 +14,11 @@ logged and the loop goes on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from typing import Any, Final
 from scheduler.contract.canonical import normalize_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.records import Occurrence
+from scheduler.store.telemetry import record_handler_duration
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.policy import PermanentError, error_document, result_not_json
 
@@ -35,12 +38,14 @@ log = logging.getLogger("scheduler.worker")
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """What to settle: ``outcome`` with ``result``, or ``error`` with ``retryable``."""
+    """What to settle: ``outcome`` with ``result``, or ``error`` with ``retryable``; ``duration_ms``
+    is how long the handler ran (``None``: it did not run)."""
 
     outcome: str
     result: Any = None
     error: dict[str, str] | None = None
     retryable: bool = True
+    duration_ms: float | None = None
     interrupt: BaseException | None = field(default=None, compare=False, repr=False)
     """The handler's ``SystemExit``/``KeyboardInterrupt``, for a caller that raises it again."""
 
@@ -175,3 +180,16 @@ def failed(error: BaseException) -> Settlement:
         retryable=not isinstance(error, PermanentError),
         interrupt=error if isinstance(error, INTERRUPTS) else None,
     )
+
+
+def handler_ran(kind: str, started: float, outcome: str) -> float:
+    """The ms since ``started`` (``time.perf_counter()`` before the handler), recorded in the
+    ``scheduler.handler.duration`` histogram with ``kind`` and ``outcome``."""
+    duration_ms = round((time.perf_counter() - started) * 1000, 3)
+    record_handler_duration(kind, outcome, duration_ms)
+    return duration_ms
+
+
+def timed(settlement: Settlement, kind: str, started: float) -> Settlement:
+    """``settlement`` with the handler's duration (:func:`handler_ran`, outcome = what is settled)."""
+    return dataclasses.replace(settlement, duration_ms=handler_ran(kind, started, settlement.outcome))

@@ -67,9 +67,11 @@ class Lease:
         message: str,
         *args: object,
         exc_info: BaseException | None = None,
+        **fields: object,
     ) -> None:
-        """``message % args`` about this lease, naming it (``describe``) in the text and in ``extra``."""
-        extra = self.extra()
+        """``message % args`` about this lease, naming it (``describe``) in the text and in ``extra``
+        (with ``fields`` added there)."""
+        extra = {**self.extra(), **fields}
         logger.log(level, f"{message} %s", *args, describe(extra), exc_info=exc_info, extra=extra)
 
     def extra(self) -> dict[str, object]:

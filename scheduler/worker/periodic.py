@@ -1,21 +1,31 @@
 """Firing periodic triggers: each due tick enqueued once, by any number of workers (API §9).
 
 Every worker evaluates the periodic jobs of the kinds it handles and enqueues each due tick with
-``enqueue_occurrence_once_per_trigger``: the first call for a ``(job, trigger key)`` inserts the
+``enqueue_periodic_tick`` (``enqueue_occurrence_once_per_trigger`` done only while the job is still at
+the revision the tick was computed from): the first call for a ``(job, trigger key)`` inserts the
 occurrence, every later one (another thread, process or host) gets it back ``deduplicated`` — so a
-tick fires exactly once however many workers evaluate it.
+tick fires exactly once however many workers evaluate it — and a worker that has not yet seen a
+change of the job re-reads it instead of firing a tick of the old trigger.
 
 Where the state lives: the jobs and their trigger documents in ``jobs`` (re-read every
-``refresh_ms``); a job's last fired tick per trigger type from its newest occurrences
-(``latest_trigger_ticks``, read once per job), then kept in memory.
+``refresh_ms``); per job, read once (and again after it changed) with ``periodic_state``: when its
+trigger was last changed (its ``job_updated`` events) and its last fired tick per trigger type
+(its occurrences), then kept in memory. Nothing else: a worker's decisions follow from the
+database alone, so all workers decide alike.
 
 Which ticks are due (documented in docs/workers.md):
 
-* recurring triggers (cron, interval) never fire a tick before the job's ``created_at``, nor one at
-  or before the job's last fired tick of the same type;
+* recurring triggers (cron, interval) never fire a tick before the job's ``created_at``, nor before
+  the last change of its trigger, nor one at or before the job's last fired tick of the same type;
 * after downtime, ``missed="latest"`` (the default) enqueues only the latest missed tick;
   ``missed="all"`` enqueues every missed tick, oldest first, at most ``max_catch_up`` of the latest;
-* a ``once`` trigger fires when its time has come, even if it was in the past when the job was made.
+* a ``once`` trigger fires when its time has come, even if it was in the past when the job was made
+  or changed, unless the job already fired a once tick at or after that time;
+* a changed interval trigger's keys name the new schedule (``interval:<everyMs>@<anchor>:<k>``), a
+  trigger never changed keeps ``interval:<k>``; cron and once keys name their instant.
+
+The functions :func:`periodic_trigger`, :func:`ticks_due` and :func:`fire_ticks` are the whole
+decision for one job; :class:`PeriodicScheduler` applies them to the jobs of some kinds.
 """
 
 from __future__ import annotations
@@ -27,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 from scheduler.contract.errors import SchedulerKernelError
+from scheduler.store.periodic_ticks import PeriodicState
 from scheduler.store.records import Job, Occurrence
 from scheduler.store.telemetry import describe
-from scheduler.worker.triggers import Trigger, TriggerError, due_floor, parse_trigger
+from scheduler.worker.triggers import Tick, Trigger, TriggerError, due_ticks, parse_trigger
 
 if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore
@@ -37,16 +48,71 @@ if TYPE_CHECKING:
 MissedTicks = Literal["latest", "all"]
 MISSED_POLICIES: Final = ("latest", "all")
 _GONE: Final = ("SCHEDULER_JOB_DISABLED", "SCHEDULER_NOT_FOUND")
+_RELOADS: Final = 3
+"""How many times one pass re-reads a job that keeps changing under it before leaving it for later."""
 
 log = logging.getLogger("scheduler.worker.periodic")
+
+
+def periodic_trigger(state: PeriodicState) -> Trigger | None:
+    """The job's periodic trigger as its state says (``None``: not periodic). Raises
+    :class:`TriggerError` for a malformed one."""
+    job = state.job
+    return parse_trigger(job.trigger, created_at=job.created_at, changed_at=state.trigger_changed_at)
+
+
+def ticks_due(
+    state: PeriodicState, trigger: Trigger, *, now: int, limit: int, last_fired_at: int | None = None
+) -> list[Tick]:
+    """The latest ``limit`` ticks of ``trigger`` due at ``now`` and not yet fired, oldest first.
+
+    ``last_fired_at`` overrides the state's last fired tick of the trigger's type (a caller that
+    fired ticks since it read the state)."""
+    if last_fired_at is None:
+        newest = state.ticks.get(trigger.prefix)
+        last_fired_at = None if newest is None else newest.scheduled_for
+    return due_ticks(
+        trigger,
+        now=now,
+        limit=limit,
+        created_at=state.job.created_at,
+        last_fired_at=last_fired_at,
+        changed_at=state.trigger_changed_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FiredTicks:
+    """What :func:`fire_ticks` did: the occurrence of each tick it enqueued (in order; an earlier
+    one comes back ``deduplicated``), and whether it stopped because the job changed."""
+
+    occurrences: list[Occurrence]
+    job_changed: bool
+
+
+def fire_ticks(store: SchedulerStore, job: Job, ticks: Sequence[Tick]) -> FiredTicks:
+    """Enqueue each tick once, in order, while the job is still at ``job.revision``; stop at the
+    first tick refused because it changed (re-read it: that tick and the next were not written).
+    ``SCHEDULER_JOB_DISABLED`` / ``SCHEDULER_NOT_FOUND`` as the store raises them."""
+    enqueued: list[Occurrence] = []
+    for tick in ticks:
+        occurrence = store.enqueue_periodic_tick(
+            job_id=job.id, job_revision=job.revision, scheduled_for=tick.at, trigger_key=tick.key
+        )
+        if occurrence is None:
+            return FiredTicks(enqueued, job_changed=True)
+        enqueued.append(occurrence)
+    return FiredTicks(enqueued, job_changed=False)
 
 
 @dataclass
 class _PeriodicJob:
     job: Job
-    trigger: Trigger | None
-    fired: dict[str, int] | None = None
-    """Last fired ``scheduled_for`` per key prefix (``None`` until read from the store)."""
+    schedule: Trigger | None
+    """The trigger as listed (its instants; its keys once ``state`` is read)."""
+    state: PeriodicState | None = None
+    fired: int | None = None
+    """The last fired ``scheduled_for`` of the trigger's type (known once ``state`` is read)."""
     gone: bool = False
     errors: set[str] = field(default_factory=set)
 
@@ -82,21 +148,29 @@ class PeriodicScheduler:
             if previous is not None and previous.job.revision == job.revision and not previous.gone:
                 self._jobs[job.id] = previous
                 continue
-            self._jobs[job.id] = _PeriodicJob(job, self._parse(job), previous.fired if previous else None)
+            self._jobs[job.id] = _PeriodicJob(job, self._parse(job, None))
         self._loaded_at = now
 
-    def _parse(self, job: Job) -> Trigger | None:
+    @staticmethod
+    def _parse(job: Job, state: PeriodicState | None) -> Trigger | None:
         try:
-            return parse_trigger(job.trigger, created_at=job.created_at)
+            if state is None:  # the listed job: its instants are known, its keys not yet
+                return parse_trigger(job.trigger, created_at=job.created_at)
+            return periodic_trigger(state)
         except TriggerError as error:
             log.warning("job %s has an invalid periodic trigger: %s", job.id, error, extra={"job": job.id})
             return None
 
-    def _last_fired(self, entry: _PeriodicJob) -> dict[str, int]:
-        if entry.fired is None:
-            ticks = self._store.latest_trigger_ticks(entry.job.id)
-            entry.fired = {prefix: tick.scheduled_for for prefix, tick in ticks.items()}
-        return entry.fired
+    def _load(self, entry: _PeriodicJob) -> None:
+        """Read the job's periodic state; the trigger with its keys and the last fired tick."""
+        state = self._store.periodic_state(entry.job.id)
+        if state is None or not state.job.enabled:
+            entry.gone = True
+            return
+        entry.job, entry.state = state.job, state
+        entry.schedule = self._parse(state.job, state)
+        newest = None if entry.schedule is None else state.ticks.get(entry.schedule.prefix)
+        entry.fired = None if newest is None else newest.scheduled_for
 
     def fire_due(self, now: int | None = None) -> list[Occurrence]:
         """Enqueue every due tick (one evaluation pass); return the occurrences this call created."""
@@ -109,7 +183,7 @@ class PeriodicScheduler:
             self.refresh(moment)
         created: list[Occurrence] = []
         for entry in list(self._jobs.values()):
-            if entry.trigger is None or entry.gone:
+            if entry.schedule is None or entry.gone:
                 continue
             try:
                 created.extend(self._fire_job(entry, moment))
@@ -122,29 +196,33 @@ class PeriodicScheduler:
         return created
 
     def _fire_job(self, entry: _PeriodicJob, now: int) -> list[Occurrence]:
-        trigger = entry.trigger
-        assert trigger is not None
-        fired = self._last_fired(entry)
-        floor = due_floor(trigger, created_at=entry.job.created_at, last_fired_at=fired.get(trigger.prefix))
         created: list[Occurrence] = []
-        for tick in trigger.latest(now=now, floor=floor, limit=self._limit):
-            occurrence = self._store.enqueue_occurrence_once_per_trigger(
-                job_id=entry.job.id, scheduled_for=tick.at, trigger_key=tick.key
-            )
-            fired[trigger.prefix] = max(fired.get(trigger.prefix, tick.at), tick.at)
-            if not occurrence.deduplicated:
-                created.append(occurrence)
-                extra = {"occurrence": occurrence.id, "job": entry.job.id, "kind": entry.job.kind}
-                log.info("fired %s %s", tick.key, describe(extra), extra=extra)
+        for _ in range(_RELOADS):
+            if entry.state is None:
+                self._load(entry)
+            if entry.state is None or entry.schedule is None or entry.gone:
+                break
+            trigger = entry.schedule
+            ticks = ticks_due(entry.state, trigger, now=now, limit=self._limit, last_fired_at=entry.fired)
+            fired = fire_ticks(self._store, entry.job, ticks)
+            for tick, occurrence in zip(ticks, fired.occurrences, strict=False):
+                entry.fired = tick.at if entry.fired is None else max(entry.fired, tick.at)
+                if not occurrence.deduplicated:
+                    created.append(occurrence)
+                    extra = {"occurrence": occurrence.id, "job": entry.job.id, "kind": entry.job.kind}
+                    log.info("fired %s %s", tick.key, describe(extra), extra=extra)
+            if not fired.job_changed:
+                break
+            entry.state = None  # changed since it was read: read it again
         return created
 
     def next_due_in_ms(self, now: int) -> int:
         """Milliseconds until the next tick of a known job is due, at most until the next refresh."""
         wait = self._refresh_ms
         for entry in self._jobs.values():
-            if entry.trigger is None or entry.gone:
+            if entry.schedule is None or entry.gone:
                 continue
-            following = entry.trigger.next_after(now)
+            following = entry.schedule.next_after(now)
             if following is not None:
                 wait = min(wait, following - now)
         return max(0, wait)
@@ -194,3 +272,15 @@ class PeriodicThread:
                 wait_ms = 5_000
             # A tick is due at a whole millisecond; waking 1 ms later makes it due on the next pass.
             self._stop.wait((wait_ms + 1) / 1000)
+
+
+__all__ = [
+    "MISSED_POLICIES",
+    "FiredTicks",
+    "MissedTicks",
+    "PeriodicScheduler",
+    "PeriodicThread",
+    "fire_ticks",
+    "periodic_trigger",
+    "ticks_due",
+]

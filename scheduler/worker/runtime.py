@@ -26,7 +26,7 @@ from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.records import Occurrence
-from scheduler.store.telemetry import describe, record_claim_latency
+from scheduler.store.telemetry import describe, handler_timing, record_claim_latency
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.execution import (
     Abandoned,
@@ -35,7 +35,9 @@ from scheduler.worker.execution import (
     Settlement,
     call_handler,
     failed,
+    handler_ran,
     succeeded,
+    timed,
 )
 from scheduler.worker.lease_keeper import LEASE_LOST, STORAGE_UNAVAILABLE, STORE_CLOSED, Lease, LeaseKeeper
 from scheduler.worker.periodic import MISSED_POLICIES, MissedTicks, PeriodicScheduler, PeriodicThread
@@ -385,7 +387,8 @@ class Worker:
             if settlement is None:
                 return None
             interrupt = settlement.interrupt if reraise else None
-            claimed = self._settle(lease, settlement, claim_next=claim_next and interrupt is None)
+            with handler_timing(lease.occurrence_id, settlement.duration_ms):  # on the settled records
+                claimed = self._settle(lease, settlement, claim_next=claim_next and interrupt is None)
         finally:
             self._keeper.release(lease)
         if interrupt is not None:
@@ -411,26 +414,39 @@ class Worker:
             control=runtime.control,
             pause_check_ms=self.pause_check_ms,
         )
+        started = time.perf_counter()
         try:
             ctx.pause_before_execute()
             value = call_handler(handler, occurrence, ctx, self._loop)
         except Paused:
             lease.parked = True
+            handler_ran(runtime.job_kind, started, "paused")
             return None
         except Abandoned as abandoned:
             if not lease.settleable:  # cancelled at shutdown: released there
+                handler_ran(runtime.job_kind, started, "abandoned")
                 return None
-            return self._handler_failed(abandoned.__cause__ or abandoned, lease)
+            return self._handler_failed(abandoned.__cause__ or abandoned, lease, started)
         except BaseException as error:  # SystemExit, KeyboardInterrupt, ... fail the attempt too
-            return self._handler_failed(error, lease)
+            return self._handler_failed(error, lease, started)
         if lease.parked:  # the handler swallowed ``Paused``
+            handler_ran(runtime.job_kind, started, "paused")
             return None
-        return succeeded(value)
+        return timed(succeeded(value), runtime.job_kind, started)
 
     @staticmethod
-    def _handler_failed(error: BaseException, lease: Lease) -> Settlement:
-        lease.log(log, logging.WARNING, "handler failed: %s", type(error).__qualname__, exc_info=error)
-        return failed(error)
+    def _handler_failed(error: BaseException, lease: Lease, started: float) -> Settlement:
+        settlement = timed(failed(error), lease.kind or "", started)
+        name = type(error).__qualname__
+        lease.log(
+            log,
+            logging.WARNING,
+            "handler failed: %s",
+            name,
+            exc_info=error,
+            duration_ms=settlement.duration_ms,
+        )
+        return settlement
 
     def _retry_at(self, lease: Lease) -> int:
         return self._now() + self.retry.delay_ms(lease.occurrence.attempt)

@@ -5,7 +5,9 @@ A job's ``trigger`` document decides when it fires:
 * ``{"type": "cron", "expression": E, "timezone": TZ}`` — each match of the 5-field cron
   expression ``E`` in the IANA zone ``TZ`` (optional, default UTC); key ``"cron:<ISO ms Z>"``.
 * ``{"type": "interval", "everyMs": N, "anchor": A}`` — ``A + k·N`` for ``k ≥ 0``; key
-  ``"interval:<k>"``. ``anchor`` is optional (default: the job's ``created_at``).
+  ``"interval:<k>"``. ``anchor`` is optional (default: the job's ``created_at``). Once
+  ``update_job`` has changed a job's trigger, its interval keys name the schedule:
+  ``"interval:<N>@<A>:<k>"`` (``interval:<k>`` alone does not say which schedule's ``k`` it is).
 * ``{"type": "once", "at": T}`` — once at ``T`` (epoch ms); key ``"once:<ISO ms Z>"``.
 
 Any other ``type`` (``event``, …) is not periodic: the application enqueues those occurrences.
@@ -60,6 +62,11 @@ class Trigger(Protocol):
         """What every key of this trigger type starts with (``"cron:"``, ``"interval:"``, ``"once:"``)."""
         ...
 
+    @property
+    def recurring(self) -> bool:
+        """Whether it ticks more than once (cron, interval)."""
+        ...
+
     def latest(self, *, now: int, floor: int, limit: int) -> list[Tick]:
         """The latest ``limit`` ticks ``t`` with ``floor <= t <= now``, oldest first."""
         ...
@@ -90,6 +97,7 @@ class CronTrigger:
     """``{"type": "cron", "expression", "timezone"}``: 5-field cron in an IANA time zone."""
 
     prefix: Final = "cron:"
+    recurring: Final = True
 
     def __init__(self, expression: str, zone: tzinfo) -> None:
         self.expression = expression
@@ -165,20 +173,26 @@ class CronTrigger:
 
 
 class IntervalTrigger:
-    """``{"type": "interval", "everyMs": N, "anchor": A}``: ticks at ``A + k·N``, key ``interval:<k>``."""
+    """``{"type": "interval", "everyMs": N, "anchor": A}``: ticks at ``A + k·N``, key ``interval:<k>``,
+    or ``interval:<N>@<A>:<k>`` when ``named`` (the trigger was changed: a key must say which
+    schedule's ``k`` it is, so that the same key always means the same instant)."""
 
     prefix: Final = "interval:"
+    recurring: Final = True
 
-    def __init__(self, every_ms: int, anchor: int) -> None:
+    def __init__(self, every_ms: int, anchor: int, *, named: bool = False) -> None:
         self.every_ms = every_ms
         self.anchor = anchor
+        self.key_prefix = f"{self.prefix}{every_ms}@{anchor}:" if named else self.prefix
 
     def latest(self, *, now: int, floor: int, limit: int) -> list[Tick]:
         if now < self.anchor or now < floor:
             return []
         last = (now - self.anchor) // self.every_ms
         first = max(0, -(-(floor - self.anchor) // self.every_ms), last - limit + 1)
-        return [Tick(self.anchor + k * self.every_ms, f"{self.prefix}{k}") for k in range(first, last + 1)]
+        return [
+            Tick(self.anchor + k * self.every_ms, f"{self.key_prefix}{k}") for k in range(first, last + 1)
+        ]
 
     def next_after(self, now: int) -> int | None:
         k = 0 if now < self.anchor else (now - self.anchor) // self.every_ms + 1
@@ -190,6 +204,7 @@ class OnceTrigger:
     """``{"type": "once", "at": T}``: one tick at ``T``, key ``once:<ISO ms Z>``."""
 
     prefix: Final = "once:"
+    recurring: Final = False
 
     def __init__(self, at: int) -> None:
         self.at = at
@@ -237,11 +252,12 @@ def _cron(document: dict[str, Any]) -> CronTrigger:
     return CronTrigger(normalized, _zone(document.get("timezone")))
 
 
-def parse_trigger(document: Any, *, created_at: int) -> Trigger | None:
+def parse_trigger(document: Any, *, created_at: int, changed_at: int | None = None) -> Trigger | None:
     """The periodic trigger a job's ``trigger`` document describes, or ``None`` if it is not periodic.
 
-    ``created_at`` (the job's, epoch ms) is the default interval ``anchor``. A malformed cron,
-    interval or once document raises :class:`TriggerError`.
+    ``created_at`` (the job's, epoch ms) is the default interval ``anchor``; ``changed_at`` is when
+    ``update_job`` last set the trigger (``None``: never), which gives an interval its named keys.
+    A malformed cron, interval or once document raises :class:`TriggerError`.
     """
     if not isinstance(document, dict) or document.get("type") not in PERIODIC_TYPES:
         return None
@@ -251,15 +267,33 @@ def parse_trigger(document: Any, *, created_at: int) -> Trigger | None:
     if kind == INTERVAL:
         every = _epoch_field(document, "everyMs", positive=True)
         anchor = created_at if document.get("anchor") is None else _epoch_field(document, "anchor")
-        return IntervalTrigger(every, anchor)
+        return IntervalTrigger(every, anchor, named=changed_at is not None)
     return OnceTrigger(_epoch_field(document, "at"))
 
 
-def due_floor(trigger: Trigger, *, created_at: int, last_fired_at: int | None) -> int:
-    """The earliest tick that may still fire: after the last fired tick, and for recurring triggers
-    not before the job was created (a once trigger whose time has passed still fires)."""
-    floor = 0 if isinstance(trigger, OnceTrigger) else created_at
+def due_floor(
+    trigger: Trigger, *, created_at: int, last_fired_at: int | None, changed_at: int | None = None
+) -> int:
+    """The earliest tick that may still fire: after the last fired tick of the trigger's type, and
+    for recurring triggers not before the job was created nor before its trigger was last changed
+    (a once trigger whose time has passed still fires, unless a once tick at or after it has)."""
+    floor = max(created_at, changed_at or 0) if trigger.recurring else 0
     return floor if last_fired_at is None else max(floor, last_fired_at + 1)
+
+
+def due_ticks(
+    trigger: Trigger,
+    *,
+    now: int,
+    limit: int,
+    created_at: int,
+    last_fired_at: int | None,
+    changed_at: int | None = None,
+) -> list[Tick]:
+    """The latest ``limit`` ticks due at ``now`` that have not fired, oldest first (see
+    :func:`due_floor`)."""
+    floor = due_floor(trigger, created_at=created_at, last_fired_at=last_fired_at, changed_at=changed_at)
+    return trigger.latest(now=now, floor=floor, limit=limit)
 
 
 __all__ = [
@@ -271,6 +305,7 @@ __all__ = [
     "Trigger",
     "TriggerError",
     "due_floor",
+    "due_ticks",
     "iso_ms",
     "parse_trigger",
 ]

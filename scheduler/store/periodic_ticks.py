@@ -1,0 +1,165 @@
+"""What periodic triggers read and write in the store (beyond the original; API §9).
+
+A worker firing a job's periodic trigger needs, from the database alone (so every worker on every
+host decides the same):
+
+* the job's last fired tick of each trigger type (``cron:``, ``interval:``, ``once:`` keys): the one
+  with the largest ``scheduled_for`` among **all** the job's occurrences, however many other
+  occurrences it has (``latest_ticks_in``; ``prune`` keeps exactly these rows);
+* when its trigger was last changed (``trigger_changed_at``: job-level events, never pruned);
+* an enqueue of a tick that happens only while the job is still at the revision the tick was
+  computed from (``enqueue_tick_in``), so no worker that has not yet seen a change fires a tick of
+  the old schedule after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import bindparam, case, func, select
+
+from scheduler.contract.scalars import assert_positive_safe_int
+from scheduler.contract.storable import normalize_key
+from scheduler.schema import tables as t
+from scheduler.store.base import StoreBase
+from scheduler.store.jobs import load_job, not_found, trigger_changed_at
+from scheduler.store.occurrences import OMITTED, EnqueueRequest, enqueue_once_in, normalize_enqueue
+from scheduler.store.records import Job, Occurrence, Record
+from scheduler.store.statement_plans import Prepared
+from scheduler.store.tx import Tx
+
+TICK_PREFIXES: Final = ("cron:", "interval:", "once:")
+"""The key prefix of each periodic trigger type (a changed interval's keys start with it too)."""
+
+_o = t.occurrences
+
+
+@dataclass(frozen=True, slots=True)
+class FiredTick(Record):
+    """The newest fired tick of one trigger type: its key and ``scheduled_for`` (epoch ms)."""
+
+    occurrence_id: str
+    trigger_key: str
+    scheduled_for: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicState(Record):
+    """What decides a job's next periodic ticks, read in one transaction.
+
+    ``trigger_changed_at``: when ``update_job`` last set the trigger (``None``: never, it is the
+    one the job was created with). ``ticks``: the last fired tick per key prefix.
+    """
+
+    job: Job
+    trigger_changed_at: int | None
+    ticks: dict[str, FiredTick]
+
+
+def tick_prefix(trigger_key: str) -> str | None:
+    """``"cron:"``, ``"interval:"`` or ``"once:"`` if the key is a periodic tick's, else ``None``."""
+    return next((prefix for prefix in TICK_PREFIXES if trigger_key.startswith(prefix)), None)
+
+
+def _family() -> Any:
+    key = _o.c.trigger_key
+    return case(
+        *((func.substr(key, 1, len(prefix)) == prefix, prefix) for prefix in TICK_PREFIXES),
+        else_=None,
+    )
+
+
+def _newest_ticks() -> Any:
+    family = _family()
+    ranked = (
+        select(
+            _o.c.occurrence_id,
+            _o.c.trigger_key,
+            _o.c.scheduled_for,
+            family.label("family"),
+            func.row_number()
+            .over(partition_by=family, order_by=(_o.c.scheduled_for.desc(), _o.c.occurrence_id.desc()))
+            .label("rank"),
+        )
+        .where(_o.c.job_id == bindparam("job_id"), family.is_not(None))
+        .subquery()
+    )
+    return select(
+        ranked.c.occurrence_id, ranked.c.trigger_key, ranked.c.scheduled_for, ranked.c.family
+    ).where(ranked.c.rank == 1)
+
+
+_NEWEST_TICKS: Final = Prepared(_newest_ticks())
+"""One pass over the job's occurrences (``scheduler_occurrences_job``), not bounded to its newest
+rows: a tick buried under any number of later occurrences is still found."""
+
+
+def latest_ticks_in(tx: Tx, job_id: str) -> dict[str, FiredTick]:
+    """The job's tick with the largest ``scheduled_for`` of each trigger type."""
+    return {
+        row.family: FiredTick(row.occurrence_id, row.trigger_key, int(row.scheduled_for))
+        for row in tx.all(_NEWEST_TICKS, {"job_id": job_id})
+    }
+
+
+def periodic_state_in(tx: Tx, job_id: str) -> PeriodicState | None:
+    job = load_job(tx, job_id)
+    if job is None:
+        return None
+    return PeriodicState(job, trigger_changed_at(tx, job), latest_ticks_in(tx, job_id))
+
+
+def enqueue_tick_in(tx: Tx, request: EnqueueRequest, job_revision: int) -> Occurrence | None:
+    """``enqueue_occurrence_once_per_trigger`` if the job is still at ``job_revision``, else ``None``.
+
+    The job's row is locked before its revision is compared, and ``update_job`` locks it too, so
+    a tick is enqueued only under the trigger it was computed from."""
+    job = load_job(tx, request.job_id, lock=True)
+    if job is None:
+        raise not_found("job", request.job_id)
+    if job.revision != job_revision:
+        return None
+    return enqueue_once_in(tx, request)
+
+
+class PeriodicTickOperations(StoreBase):
+    """The store's side of periodic triggers (``scheduler.worker.periodic``)."""
+
+    def latest_trigger_ticks(self, job_id: str) -> dict[str, FiredTick]:
+        """The job's last fired periodic tick per key prefix (``"cron:"``, ``"interval:"``, ``"once:"``):
+        the one with the largest ``scheduled_for`` among all its occurrences."""
+        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
+        identifier = normalize_key(job_id, "jobId")
+        return self._read(lambda tx: latest_ticks_in(tx, identifier))
+
+    def periodic_state(self, job_id: str) -> PeriodicState | None:
+        """The job, when its trigger was last changed and its last fired tick per key prefix, read
+        together (``None`` if the job does not exist)."""
+        self._assert_open()  # a read checks the store before its arguments, like the seed's reads
+        identifier = normalize_key(job_id, "jobId")
+        return self._read(lambda tx: periodic_state_in(tx, identifier))
+
+    def enqueue_periodic_tick(
+        self, *, job_id: str, job_revision: int, scheduled_for: int, trigger_key: str
+    ) -> Occurrence | None:
+        """``enqueue_occurrence_once_per_trigger(job_id, scheduled_for, trigger_key)`` (the job's
+        payload), done only if the job is still at ``job_revision``: ``None`` (nothing written) when
+        it changed since the tick was computed. ``SCHEDULER_NOT_FOUND`` / ``SCHEDULER_JOB_DISABLED``
+        as the enqueue; invalid arguments ``SCHEDULER_INVALID_ARGUMENT``."""
+        normalize_key(job_id, "jobId")
+        revision = assert_positive_safe_int(job_revision, "jobRevision")
+        request = normalize_enqueue(job_id, scheduled_for, trigger_key, None, OMITTED)
+        return self._write(lambda tx: enqueue_tick_in(tx, request, revision))
+
+
+__all__ = [
+    "TICK_PREFIXES",
+    "FiredTick",
+    "PeriodicState",
+    "PeriodicTickOperations",
+    "enqueue_tick_in",
+    "latest_ticks_in",
+    "periodic_state_in",
+    "tick_prefix",
+]
