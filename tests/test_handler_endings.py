@@ -5,8 +5,10 @@ A handler that raises ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` o
 logged with the occurrence): the worker's event loop and lanes keep working, so the occurrence
 queued behind it runs. Sync and ``async def`` handlers, a stray loop callback, a periodic job,
 ``run_until_idle`` (which re-raises ``SystemExit``/``KeyboardInterrupt`` to its caller after the
-settlement) and a real ``scheduler worker`` process, on a SQLite file and a PostgreSQL schema.
-(Hanging handlers and handlers cancelled at shutdown: ``test_worker_shutdown.py``.)
+settlement) and a real ``scheduler worker`` process, on a SQLite file and a PostgreSQL schema;
+the matrix of endings × sync/async only on SQLite (what a handler raises does not reach the
+database; the process test runs on both). (Hanging handlers and handlers cancelled at shutdown:
+``test_worker_shutdown.py``.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 from process_support import start_scheduler, stop_gracefully
-from store_places import StorePlace
+from store_places import StorePlace, sqlite_only
 
 from scheduler.worker import RetryPolicy, Worker
 from tests.test_worker_processes import db_options, status_of
@@ -60,6 +62,7 @@ def status(store: Any, occurrence_id: str) -> tuple[str, int, Any]:
     return current.status, current.attempt, current.last_error
 
 
+@sqlite_only
 @pytest.mark.parametrize("style", ["async", "sync"])
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
 def test_a_base_exception_fails_the_attempt_and_the_worker_goes_on(
