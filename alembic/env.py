@@ -32,6 +32,7 @@ from typing import Any
 from alembic import context
 from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from scheduler.contract.errors import SchedulerKernelError
@@ -39,6 +40,7 @@ from scheduler.revisions import EXCLUSIVE_ATTRIBUTE, SCHEMA_ATTRIBUTE, refuse_st
 from scheduler.schema import metadata
 from scheduler.schema.catalog import verify_schema
 from scheduler.schema.offline import PSQL_PREAMBLE, SQLITE_PREAMBLE
+from scheduler.schema.sqlite_file import foreign_file_error
 from scheduler.schema.target import SchemaTarget, schema_target
 from scheduler.schema.upgrade import LATEST_VERSION, inspect_database, validate_now, wall_clock_ms
 from scheduler.schema.versions import exists_on
@@ -180,12 +182,18 @@ def run_in_transaction(connection: Connection, now: int) -> None:
 def run_migrations_online() -> None:
     """Run the command against the database, refusing anything ``open_store`` would refuse."""
     now = pinned_now()
-    engine = database_engine(database_url())
+    url = database_url()
+    engine = database_engine(url)
     try:
         with engine.connect() as connection, connection.begin():
             run_in_transaction(connection, now)
     except SchedulerKernelError as error:
         raise CommandError(f"{error.code}: {error.message}") from error
+    except DBAPIError as error:  # SQLite refuses a foreign file at BEGIN, before any check runs
+        refusal = foreign_file_error(error, str(make_url(url).database))
+        if refusal is None:
+            raise
+        raise CommandError(f"{refusal.code}: {refusal.message}") from error
     finally:
         engine.dispose()
 

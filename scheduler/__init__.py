@@ -5,8 +5,10 @@ Start with :func:`open_store`; see ``docs/`` for the architecture and guides.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scheduler.contract import (
     OccurrenceIdentity,
@@ -25,6 +27,7 @@ from scheduler.contract import (
     scheduler_runtime_control_capability_digest,
 )
 from scheduler.contract.constants import RUNTIME_CONTROL_JOB_KINDS, RUNTIME_CONTROL_OCCURRENCE_STATUSES
+from scheduler.schema.autogenerate import alembic_filters
 from scheduler.store import SchedulerStore, default_database_path, mark_writer, open_store, sqlite_engine
 from scheduler.store.clock import monotonic_wall_clock
 from scheduler.store.records import (
@@ -45,7 +48,29 @@ from scheduler.store.records import (
     SettledAndClaimed,
 )
 
+if TYPE_CHECKING:
+    from scheduler.tasks import TaskCancelled, TaskFailed, TaskRun, Tasks
+    from scheduler.worker import RetryPolicy
+
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+_LAZY = {
+    "Tasks": "scheduler.tasks",
+    "TaskRun": "scheduler.tasks",
+    "TaskFailed": "scheduler.tasks",
+    "TaskCancelled": "scheduler.tasks",
+    "RetryPolicy": "scheduler.worker",
+}
+"""The Tasks layer, imported on first use (it brings the worker runtime and the async API)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __version__ = "0.1.0"
 
@@ -80,11 +105,17 @@ __all__ = [
     "OccurrenceControl",
     "OccurrenceIdentity",
     "RequeueResult",
+    "RetryPolicy",
     "RuntimeControlOccurrence",
     "SchedulerKernelError",
     "SchedulerStore",
     "SchemaInfo",
     "SettledAndClaimed",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskRun",
+    "Tasks",
+    "alembic_filters",
     "alembic_version_location",
     "canonical_json",
     "default_database_path",

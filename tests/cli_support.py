@@ -27,6 +27,27 @@ def run_json(*args: str, exit_code: int = 0) -> Any:
     return json.loads(result.stdout)
 
 
+def decide_arguments(occurrence: str, case: dict[str, Any], reason: str = "never sent") -> list[str]:
+    """``adjudication decide OCCURRENCE …`` quoting ``case`` (from ``adjudication show --json``)."""
+    return [
+        "adjudication",
+        "decide",
+        occurrence,
+        "--decision",
+        "confirmed_not_applied",
+        "--evidence-digest",
+        case["evidenceDigest"],
+        "--attempt",
+        str(case["attempt"]),
+        "--fence",
+        str(case["fence"]),
+        "--reason",
+        reason,
+        "--operator",
+        "ops@example.com",
+    ]
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -62,6 +62,7 @@ def test_the_run_reports_every_figure(result: dict[str, Any]) -> None:
     assert "password" not in result["config"]["url"]
     table = markdown(result)
     assert "commit floor" in table and "| 500 |" in table and "2 worker processes" in table
+    assert "cycles/s ÷ 1 worker's" in table
 
 
 def test_every_worker_run_settled_each_occurrence_exactly_once(result: dict[str, Any]) -> None:
@@ -74,6 +75,9 @@ def test_every_worker_run_settled_each_occurrence_exactly_once(result: dict[str,
         # ... over rounds enough that the run's first claim met the state a round leaves
         assert WARM_UP_MIN_ROUNDS <= run["warm_up_rounds"] <= WARM_UP_ROUNDS
     assert result["targets"]["every_occurrence_settled_exactly_once"]["met"] is True
+    # The one check: no rate is a target, the ratio of N workers to one is a figure.
+    assert set(result["targets"]) == {"every_occurrence_settled_exactly_once"}
+    assert set(result["scaling"]) == {"workers_2_to_1"} and result["scaling"]["workers_2_to_1"] > 0
 
 
 def test_the_bench_schemas_are_dropped(result: dict[str, Any], postgres_server: PostgresServer) -> None:

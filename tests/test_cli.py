@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from cli_support import invoke, run_json, sha256
+from cli_support import decide_arguments, invoke, run_json, sha256
 from cli_support import isolated_environment as isolated_environment
 from recorded import copy_reference, reference_dump
 from store_places import PostgresSchemaPlace, SqliteFilePlace, StorePlace, sqlite_only
@@ -358,29 +358,14 @@ def test_adjudication_list_show_and_decide(db: CliDb) -> None:
     assert [case["occurrenceId"] for case in cases["cases"]] == [dead]
     case = run_json(*db.opts, "adjudication", "show", dead)["case"]
     assert case["eligible"] is True and case["adjudication"] is None
-    decide = [
-        *db.opts,
-        "adjudication",
-        "decide",
-        dead,
-        "--decision",
-        "confirmed_not_applied",
-        "--evidence-digest",
-        case["evidenceDigest"],
-        "--attempt",
-        str(case["attempt"]),
-        "--fence",
-        str(case["fence"]),
-        "--reason",
-        "the remote side never received it",
-        "--operator",
-        "ops@example.com",
-    ]
+    decide = [*db.opts, *decide_arguments(dead, case, "the remote side never received it")]
     decided = run_json(*decide)["case"]
     assert decided["adjudication"]["decision"] == "confirmed_not_applied"
     assert decided["adjudication"]["status"] == "pending" and decided["status"] == "retry_wait"
-    again = run_json(*decide, exit_code=1)["error"]
-    assert again["code"] == "SCHEDULER_ADJUDICATION_ALREADY_RECORDED"
+    again = run_json(*decide)  # the same decision run again reports the one recorded
+    assert again["deduplicated"] is True and again["case"]["adjudication"] == decided["adjudication"]
+    other = [*db.opts, *decide_arguments(dead, case, "another reason")]
+    assert run_json(*other, exit_code=1)["error"]["code"] == "SCHEDULER_ADJUDICATION_ALREADY_RECORDED"
 
 
 def test_adjudication_decide_rejects_bad_arguments(db: CliDb) -> None:
@@ -503,21 +488,3 @@ def test_api_reference_is_generated_from_the_current_code() -> None:
         [sys.executable, str(tool), "--check"], capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stderr
-
-
-def test_a_shared_file_is_named_as_one_and_left_unchanged(tmp_path: Path) -> None:
-    """The CLI reads dedicated scheduler files; a file shared with an application (the scheduler's
-    tables beside its own, ``open_store(path, exclusive=False)``) is refused with a message
-    saying so, not as "not a scheduler database", and nothing in it changes."""
-    from scheduler import open_store
-
-    path = tmp_path / "shop.sqlite"
-    with sqlite3.connect(path) as connection:
-        connection.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
-    with open_store(path, exclusive=False):
-        pass
-    before = sha256(path)
-    result = invoke("--db", str(path), "jobs", "list")
-    assert result.exit_code == 1
-    assert "a shared file" in result.output and "exclusive=False" in result.output
-    assert sha256(path) == before

@@ -1,7 +1,8 @@
 """The self-contained Python examples of the docs run as written (a file path moved to ``tmp_path``).
 
-README's tour and docs/async.md's first example are what a new user pastes first; each runs in a
-fresh interpreter, so an undefined name or a changed signature fails here.
+README's tour and the first examples of docs/quickstart.md and docs/async.md are what a new user
+pastes first; each runs in a fresh interpreter, so an undefined name or a changed signature fails
+here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def first_python_block(document: Path) -> str:
     return found.group(1)
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/async.md"])
+@pytest.mark.parametrize("document", ["README.md", "docs/async.md", "docs/quickstart.md"])
 def test_first_python_example_runs(document: str, tmp_path: Path) -> None:
     code = first_python_block(REPO / document)
     assert EXAMPLE_PATH in code

@@ -1,4 +1,4 @@
-"""Hostile strings at the store boundary (issue 15 item 7; docs/architecture.md "Hostile strings").
+"""Hostile strings at the store boundary (issue 15 item 7; docs/design/architecture.md "Hostile strings").
 
 Rule: a string the store keeps as a column value or looks rows up by (every identifier argument,
 and the identifier fields of authority envelopes, principals, capability lists and migration plans)

@@ -265,3 +265,85 @@ def test_a_callers_aborted_transaction_is_25P02_and_must_be_rolled_back(
             assert "roll it back" in caught.value.message
         caller.rollback()
         assert tx_store.get_job("job-1") is not None  # usable again once rolled back
+
+
+_LISTENING_PROCESS = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+from scheduler import SchedulerKernelError, open_store
+from scheduler.worker import ListenWaker
+
+store = open_store(sys.argv[1], schema=sys.argv[2])
+waker = ListenWaker(store)
+waker.start()
+assert waker.wait_listening(30)
+print("ready", flush=True)
+while sys.stdin.readline().strip() == "call":
+    try:
+        store.get_job("job-1")
+        print("no error", flush=True)
+    except SchedulerKernelError as error:
+        store.get_job("job-1")  # the store connects again
+        print(error.code, error.details["storageCode"], flush=True)
+waker.close()
+store.close()
+print("closed", flush=True)
+"""
+
+
+def test_killed_backends_print_no_pool_traceback(postgres_server: Any, pg_schema: str) -> None:
+    """Every backend of a process with a store and a ``ListenWaker`` (a worker's connections) is
+    terminated, twice: the store's next call raises the classified error, the listener logs one
+    ``scheduler.worker`` warning and listens again, and nothing else reaches stderr. (SQLAlchemy's
+    pool used to log "Exception during reset or similar" with a traceback at ERROR for the
+    listener's dead connection.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    name = f"scheduler-kill-{pg_schema}"
+    url = postgres_server.url.update_query_dict({"application_name": name})
+    engine = postgres_server.engine
+    child = subprocess.Popen(
+        [sys.executable, "-c", _LISTENING_PROCESS, url.render_as_string(hide_password=False), pg_schema],
+        cwd=Path(__file__).resolve().parents[1],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def listeners() -> set[int]:
+        with engine.connect() as connection:
+            query = text(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND query LIKE 'LISTEN %'"
+            )
+            return set(connection.execute(query, {"name": name}).scalars())
+
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        answers = []
+        for _ in range(2):
+            before = listeners()
+            assert before
+            with engine.connect() as connection:
+                terminate = "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                connection.execute(text(f"{terminate} WHERE application_name = :n"), {"n": name})
+            child.stdin.write("call\n")
+            child.stdin.flush()
+            answers.append(child.stdout.readline().split()[0])
+            wait_until(lambda before=before: bool(listeners() - before), timeout=30)  # listening again
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, err
+    assert answers == ["SCHEDULER_STORAGE_UNAVAILABLE"] * 2
+    assert out.strip() == "closed"
+    assert "Traceback" not in err and "sqlalchemy" not in err, err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("WARNING scheduler.worker: LISTEN ") for line in lines), err

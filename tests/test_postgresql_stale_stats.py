@@ -175,7 +175,7 @@ def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyz
     (``claim_query._due_head``). With the limit and the joins in one query the planner,
     estimating fewer due rows than the window, joined and sorted every due row on every cycle
     (998 rows read here; with 1,200 queued, 1,160–1,210 µs of server CPU per cycle against
-    860–940, ``tools/pg_cycle_cpu.py --contended``)."""
+    860–940, ``benchmarks/pg_cycle_cpu.py --contended``)."""
     store = open_store(private_engine, schema=pg_schema)
     try:
         enqueue(store, CHURNED)
@@ -324,8 +324,8 @@ def test_a_cycle_walks_no_running_entries_whatever_the_statistics_say(
     probe (instead of ``scheduler_pg_occurrences_expired``). That walk steps over every running
     entry, including the dead one each settle leaves behind, which no scan marks dead while its
     lease lies ahead (the lease is checked in the index), so a cycle grew with the settles of the
-    last lease (``docs/postgresql.md``). Now the settle checks ``status`` on the row it found by
-    key (``dialect.row_check``) and the probe is ordered by lease expiry
+    last lease (``docs/design/postgresql-statements.md``). Now the settle checks ``status`` on the
+    row it found by key (``dialect.row_check``) and the probe is ordered by lease expiry
     (``dialect.expiry_order``), which only ``scheduler_pg_occurrences_expired`` yields without a
     sort (the store's connection plans with ``enable_sort = off``)."""
     seen: list[tuple[str, Any]] = []

@@ -2,12 +2,12 @@
 
 Once other workers held its first candidates, a single claim on PostgreSQL reads the first
 ``claim_query.HEAD_WINDOW`` due rows of each waiting status and claims from them, up to the
-first row it cannot decide on (``claim_plan.window_plan``, docs/postgresql.md). Here randomized
-states dense enough for a status to fill the window (disabled jobs, kind and workspace filters,
-runtime controls, requeue requests, exhausted attempts, ties on the sort keys) are claimed while
-another transaction holds some of their rows, once through the window and once through the full
-list (the window path turned off), from the same rows; the results and the tables afterwards
-must be equal. The full list itself is checked against SQLite in
+first row it cannot decide on (``claim_plan.window_plan``, docs/design/postgresql-concurrency.md).
+Here randomized states dense enough for a status to fill the window (disabled jobs, kind and
+workspace filters, runtime controls, requeue requests, exhausted attempts, ties on the sort keys)
+are claimed while another transaction holds some of their rows, once through the window and once
+through the full list (the window path turned off), from the same rows; the results and the tables
+afterwards must be equal. The full list itself is checked against SQLite in
 ``test_claim_equivalence_postgresql.py``.
 """
 

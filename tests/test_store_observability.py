@@ -10,7 +10,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,8 @@ from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.store import telemetry
 from scheduler.testing import SchedulerClock
 from scheduler.worker import Worker
+from tests.otel_support import meter_reader as meter_reader
+from tests.otel_support import metric_points
 from tests.store_places import StorePlace
 from tests.worker_support import add_job, enqueue, new_store
 
@@ -129,35 +130,6 @@ def test_inside_a_callers_transaction_records_are_emitted_per_operation(
         assert states(caplog) == ["job created"]  # the caller still owns the commit
         connection.rollback()
     engine.dispose()
-
-
-@pytest.fixture
-def meter_reader() -> Iterator[Any]:
-    from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    previous = metrics._internal._METER_PROVIDER  # the SDK allows one global provider per process
-    metrics._internal._METER_PROVIDER = provider
-    telemetry.METRICS.reset()
-    try:
-        yield reader
-    finally:
-        metrics._internal._METER_PROVIDER = previous
-        telemetry.METRICS.reset()
-        provider.shutdown()
-
-
-def metric_points(reader: Any) -> dict[str, list[Any]]:
-    points: dict[str, list[Any]] = {}
-    data = reader.get_metrics_data()
-    for resource in data.resource_metrics:
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                points.setdefault(metric.name, []).extend(metric.data.data_points)
-    return points
 
 
 def test_metrics_count_claims_and_settlements_and_report_latency_and_depth(

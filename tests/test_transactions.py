@@ -65,7 +65,7 @@ def test_every_lifecycle_write_is_one_transaction(env: Env) -> None:
             assert seen[0] == "BEGIN IMMEDIATE"
             assert seen.count("BEGIN IMMEDIATE") == 1
         # PostgreSQL claims lock candidates in savepoints rolled back when a row was taken
-        # (docs/postgresql.md, "Claims among concurrent workers"): still one transaction
+        # (docs/design/postgresql-concurrency.md, "Claims among concurrent workers"): still one transaction
         inner = ("BEGIN", "COMMIT", "SAVEPOINT") if on_sqlite else ("BEGIN", "COMMIT")
         assert not any(s.startswith(inner) for s in seen[1:])
         assert commits == [1]

@@ -10,11 +10,8 @@ commands too, on the same place.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +20,7 @@ from typing import Any
 
 import pytest
 from backends import POSTGRESQL
+from process_support import start_scheduler, stop_gracefully
 from store_places import PostgresSchemaPlace, StorePlace
 from typer.testing import CliRunner
 
@@ -30,7 +28,6 @@ from scheduler.cli import app
 from scheduler.schema.target import quote_identifier
 from tests.worker_support import HANDLER_KINDS, HANDLERS, add_job, enqueue, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
@@ -90,15 +87,10 @@ def writes_blocked(place: StorePlace, occurrence_id: str) -> Iterator[None]:
 
 
 def start_worker(home: Path, place: StorePlace, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "scheduler", *db_options(place), "worker", "handlers_module:HANDLERS"]
-    return subprocess.Popen([*command, *extra], cwd=home, env=env, stderr=subprocess.PIPE, text=True)
+    return start_scheduler(home, *db_options(place), "worker", "handlers_module:HANDLERS", *extra)
 
 
-def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    return process.returncode, stderr
+stop = stop_gracefully
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """Benchmarks of the scheduler store (``scheduler bench`` / ``python -m scheduler.bench``).
 
 :func:`register` adds the ``bench`` command to a Typer application; :func:`run_benchmarks`
-runs every scenario programmatically. See ``docs/benchmarks.md``.
+runs every scenario programmatically. See ``docs/performance.md``; the project's lab scripts
+(experiments, probes, profiles, peer comparisons) live in ``benchmarks/`` of a checkout, outside
+the package.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from scheduler.bench.context import SCALE_ENV, make_config
-from scheduler.bench.report import markdown, profile_markdown, render, rich_progress, write_json
+from scheduler.bench.report import markdown, render, rich_progress, write_json
 from scheduler.bench.runner import run_benchmarks
 
 
@@ -33,7 +33,7 @@ def terminated_cleanly() -> Iterator[None]:
     """While the run lasts, ``SIGTERM`` (``kill``, a CI timeout) exits with status 143 through
     the run's ``finally`` blocks, as Ctrl-C does: its worker processes are stopped and its
     temporary databases or PostgreSQL schemas dropped (``--keep`` aside). Only ``SIGKILL``
-    leaves them behind (``scheduler_bench_<pid>`` schemas; see docs/benchmarks.md)."""
+    leaves them behind (``scheduler_bench_<pid>`` schemas; see docs/performance.md)."""
 
     def terminate(signum: int, _frame: FrameType | None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup short
@@ -81,13 +81,6 @@ def bench_command(
         str | None, typer.Option("--depths", help="Comma-separated queue depths to measure.")
     ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="Worker processes.")] = 4,
-    profile: Annotated[
-        bool,
-        typer.Option(
-            "--profile",
-            help="Also profile (CPU time) enqueue_occurrence, claim_next + settle and settle_and_claim.",
-        ),
-    ] = False,
     directory: Annotated[
         Path | None, typer.Option("--dir", help="Where the temporary databases go (default: system temp).")
     ] = None,
@@ -118,22 +111,15 @@ def bench_command(
         return
     if backend != "sqlite":
         raise typer.BadParameter("--backend must be sqlite or postgresql")
-    config = make_config(
-        quick=quick, scale=scale, depths=parse_depths(depths), workers=workers, profile=profile
-    )
+    config = make_config(quick=quick, scale=scale, depths=parse_depths(depths), workers=workers)
     console = Console(stderr=True)
     with terminated_cleanly(), rich_progress(console) as progress:
         result = run_benchmarks(config, progress, command=command_line(), directory=directory, keep=keep)
     render(result, Console())
-    if result.profile is not None:
-        Console().print(profile_markdown(result.profile), markup=False, highlight=False)
     if json_file is not None:
         write_json(result, json_file)
     if markdown_file is not None:
-        text = markdown(result)
-        if result.profile is not None:
-            text += "\n" + profile_markdown(result.profile)
-        markdown_file.write_text(text, encoding="utf-8")
+        markdown_file.write_text(markdown(result), encoding="utf-8")
     proof = next((target for target in result.targets if "exactly once" in target.name), None)
     if proof is not None and proof.met is False:
         raise typer.Exit(1)

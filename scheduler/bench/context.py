@@ -41,9 +41,6 @@ class BenchConfig:
     """``--quick``: every measurement loop also stops after this many seconds."""
     adversarial_rows: int = 100_000
     adversarial_calls: int = 200
-    profile: bool = False
-    profile_cycles: int = 2_000
-    profile_enqueues: int = 5_000
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,8 +87,6 @@ def scaled(config: BenchConfig, scale: float) -> BenchConfig:
         worker_items=max(config.workers * 10, round(config.worker_items * scale)),
         adversarial_rows=max(MIN_DEPTH, round(config.adversarial_rows * scale)),
         adversarial_calls=_count(config.adversarial_calls, scale),
-        profile_cycles=_count(config.profile_cycles, scale),
-        profile_enqueues=_count(config.profile_enqueues, scale),
     )
 
 
@@ -101,7 +96,6 @@ def make_config(
     scale: float | None = None,
     depths: tuple[int, ...] | None = None,
     workers: int | None = None,
-    profile: bool = False,
 ) -> BenchConfig:
     """The config for a mode; ``scale`` falls back to ``$SCHEDULER_BENCH_SCALE`` (default 1)."""
     base = QUICK if quick else BenchConfig()
@@ -114,7 +108,7 @@ def make_config(
         config = replace(config, depths=tuple(sorted(set(depths))))
     if workers is not None:
         config = replace(config, workers=workers)
-    return replace(config, profile=profile)
+    return config
 
 
 class Task(Protocol):

@@ -21,13 +21,11 @@ from scheduler.bench.explain import claim_plans
 from scheduler.bench.model import GROUP_DEPTH, GROUP_MEMORY, Kind, Spec
 from scheduler.bench.stores import open_bench_store, require, wall_ms
 from scheduler.bench.timing import Record, median_ms, peak_rss_mb, percentile_ms
-from scheduler.bench.wal import frames_per_operation
 
 OWNER: Final = "bench-depth-worker"
 WARMUP: Final = 10
 HISTORY_CALLS: Final = 20
 HISTORY_LIMIT: Final = 50
-FRAME_SAMPLES: Final = 20
 
 HISTORY_MS = Spec(
     "history_limit50_ms", "history(job_id, limit=50) median @ max depth", "ms", "latency", GROUP_MEMORY
@@ -159,20 +157,6 @@ class DepthRun:
         task.finish()
         return claims, cycles
 
-    def wal_frames(self) -> dict[str, float]:
-        """WAL frames per ``claim_next`` commit and per ``settle`` commit at the current depth."""
-        claimed: list[Any] = []
-
-        def claim() -> None:
-            occurrence = self.store.claim_next(owner_id=OWNER, lease_ms=LEASE_MS)
-            self.consumed.add(self._index(occurrence))
-            claimed.append(occurrence)
-
-        claim_frames = frames_per_operation(self.path, claim, FRAME_SAMPLES)
-        pending = iter(claimed)
-        settle_frames = frames_per_operation(self.path, lambda: self._settle(next(pending)), FRAME_SAMPLES)
-        return {"claim_next": round(claim_frames, 2), "settle": round(settle_frames, 2)}
-
     def measure(self, depth: int) -> None:
         config = self.ctx.config
         build_seconds = self.grow_to(depth)
@@ -184,8 +168,6 @@ class DepthRun:
         claims, cycles = self.cycles(samples, f"claim_next + settle @ {at} queued")
         extra: dict[str, Any] = {"depth": depth, "samples": len(cycles), "targeted_samples": len(targeted)}
         extra["build_seconds"] = round(build_seconds, 3)
-        if depth >= 4 * FRAME_SAMPLES + samples + targeted_count:
-            extra["wal_frames_per_commit"] = self.wal_frames()
         values = {
             "claim_settle_median": median_ms(cycles),
             "claim_settle_p99": percentile_ms(cycles, 0.99),

@@ -74,7 +74,7 @@ def not_available(spec: Spec, reason: str) -> Figure:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One of the issue's targets and whether this run met it (``None``: could not tell)."""
+    """One check of the run and whether it held (``None``: could not tell)."""
 
     name: str
     requirement: str
@@ -100,7 +100,6 @@ class BenchResult:
     config: dict[str, Any]
     figures: list[Figure] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
-    profile: dict[str, Any] | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
@@ -117,7 +116,7 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         floor = self.floor_per_s
-        payload: dict[str, Any] = {
+        return {
             "schema": "scheduler-bench/1",
             "command": self.command,
             "mode": self.mode,
@@ -129,6 +128,3 @@ class BenchResult:
             "targets": [target.to_dict() for target in self.targets],
             "diagnostics": self.diagnostics,
         }
-        if self.profile is not None:
-            payload["profile"] = self.profile
-        return payload

@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -75,14 +74,7 @@ def value_text(figure: Figure) -> str:
     return number(figure.value) if figure.value is not None else (figure.na or "n/a")
 
 
-def frames_text(frames: Any) -> str:
-    """WAL frames per commit: one number, or ``claim + settle`` for a cycle."""
-    if isinstance(frames, dict):
-        return " + ".join(f"{value:.1f}" for value in frames.values())
-    return "" if frames is None else f"{frames:.1f}"
-
-
-FIGURE_HEADER = ("figure", "value", "unit", "vs floor", "CPU µs/item", "WAL frames/commit")
+FIGURE_HEADER = ("figure", "value", "unit", "vs floor", "CPU µs/item")
 
 
 def figure_rows(result: BenchResult) -> Iterator[tuple[str, ...]]:
@@ -96,7 +88,6 @@ def figure_rows(result: BenchResult) -> Iterator[tuple[str, ...]]:
                 figure.spec.unit,
                 ratio_text(figure, result.floor_per_s),
                 "" if cpu is None else f"{cpu:,.0f}",
-                frames_text(figure.detail.get("wal_frames_per_commit")),
             )
 
 
@@ -189,14 +180,14 @@ def write_json(result: BenchResult, path: Path) -> None:
     path.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines.extend("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows)
     return lines
 
 
 def markdown(result: BenchResult) -> str:
-    """The run's tables as Markdown (what ``docs/benchmarks.md`` quotes)."""
+    """The run's tables as Markdown (what ``docs/performance.md`` quotes)."""
     machine = result.machine
     lines = [
         f"Command: `{result.command}` ({result.mode}, {result.elapsed_s:.0f} s)",
@@ -205,53 +196,16 @@ def markdown(result: BenchResult) -> str:
         f"{machine['python']}, SQLite {machine['sqlite']}, SQLAlchemy {machine['sqlalchemy']}",
         "",
     ]
-    lines += _markdown_table(list(FIGURE_HEADER), [list(row) for row in figure_rows(result)])
+    lines += markdown_table(list(FIGURE_HEADER), [list(row) for row in figure_rows(result)])
     lines += [
         "",
-        *_markdown_table(["queued", *(title for _, title in DEPTH_COLUMNS)], list(depth_rows(result))),
+        *markdown_table(["queued", *(title for _, title in DEPTH_COLUMNS)], list(depth_rows(result))),
     ]
-    lines += ["", *_markdown_table(list(ADVERSARIAL_HEADER), list(adversarial_rows(result)))]
+    lines += ["", *markdown_table(list(ADVERSARIAL_HEADER), list(adversarial_rows(result)))]
     lines += [
         "",
-        *_markdown_table(
+        *markdown_table(
             ["target", "requirement", "observed", "verdict"], [list(row) for row in target_rows(result)]
         ),
     ]
     return "\n".join(lines) + "\n"
-
-
-def profile_markdown(profile: dict[str, Any]) -> str:
-    lines: list[str] = []
-    for name, summary in profile.items():
-        if "groups" not in summary:
-            lines.append(f"- {name}: {summary}")
-            continue
-        lines.append(
-            f"**{name}** — {summary['operations']} operations, {summary['us_per_operation']} µs each under "
-            f"cProfile, {summary['sqlite_executes_per_operation']} sqlite3 executes each"
-        )
-        lines += [
-            "",
-            *_markdown_table(
-                ["self time by group", "seconds", "share"],
-                [
-                    [group["group"], f"{group['seconds']:.3f}", f"{group['share']:.1%}"]
-                    for group in summary["groups"]
-                ],
-            ),
-            "",
-        ]
-        lines += _markdown_table(
-            ["top cumulative", "calls", "cumulative s", "µs per operation"],
-            [
-                [
-                    entry["function"],
-                    str(entry["calls"]),
-                    f"{entry['cumulative_s']:.3f}",
-                    f"{entry['per_operation_us']}",
-                ]
-                for entry in summary["top_cumulative"]
-            ],
-        )
-        lines.append("")
-    return "\n".join(lines)

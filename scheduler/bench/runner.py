@@ -18,17 +18,13 @@ from scheduler.bench.adversarial import adversarial_specs, measure_adversarial
 from scheduler.bench.context import BenchConfig, Context, ProgressSink
 from scheduler.bench.latency import depth_specs, measure_depths
 from scheduler.bench.model import GROUP_MEMORY, BenchResult, Figure, Spec, Unavailable, not_available
-from scheduler.bench.profiling import profile_hot_paths
 from scheduler.bench.scenarios import FLOOR, THROUGHPUT_SCENARIOS, Scenario, floor_rate
-from scheduler.bench.schema_floor import SCHEMA_SPECS, measure_schema_floor
 from scheduler.bench.targets import evaluate_targets
 from scheduler.bench.timing import peak_rss_mb
 from scheduler.bench.workers import measure_workers, worker_specs
 
 SCENARIOS: tuple[Scenario, ...] = (
-    THROUGHPUT_SCENARIOS[0],
-    Scenario("schema_floor", lambda _config: list(SCHEMA_SPECS), measure_schema_floor),
-    *THROUGHPUT_SCENARIOS[1:],
+    *THROUGHPUT_SCENARIOS,
     Scenario("workers", worker_specs, measure_workers),
     Scenario("depth", depth_specs, measure_depths),
     Scenario("adversarial queues", adversarial_specs, measure_adversarial),
@@ -114,7 +110,7 @@ def run_benchmarks(
     directory: Path | None = None,
     keep: bool = False,
 ) -> BenchResult:
-    """Run every scenario (and the profile when asked) and evaluate the targets."""
+    """Run every scenario and evaluate the targets."""
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="scheduler-bench-", dir=directory))
     mode = ("quick" if config.quick else "full") + (
@@ -126,8 +122,6 @@ def run_benchmarks(
         for scenario in SCENARIOS:
             result.figures.extend(run_scenario(scenario, ctx))
         recheck_floor(ctx, result)
-        if config.profile:
-            result.profile = profile_hot_paths(ctx)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

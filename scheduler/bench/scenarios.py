@@ -10,7 +10,6 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from scheduler.bench.context import LEASE_MS, BenchConfig, Context
@@ -25,10 +24,8 @@ from scheduler.bench.stores import (
     wall_ms,
 )
 from scheduler.bench.timing import Record, cpu_us, rate
-from scheduler.bench.wal import floor_frames, frames_per_operation
 
 OWNER: Final = "bench-worker"
-FRAME_SAMPLES: Final = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +80,7 @@ def floor_rate(ctx: Context, label: str) -> tuple[float, dict[str, Any]]:
 def measure_floor(ctx: Context, record: Record) -> None:
     """The floor at the start of the run (the runner measures it again at the end)."""
     commits_per_s, detail = floor_rate(ctx, "floor: raw commit loop (start)")
-    record(FLOOR.key, commits_per_s, **detail, wal_frames_per_commit=round(floor_frames(ctx.directory), 2))
+    record(FLOOR.key, commits_per_s, **detail)
 
 
 # ---------------------------------------------------------------------------------- enqueue
@@ -96,8 +93,7 @@ ENQUEUE_MANY = Spec(
 
 def measure_enqueue_one(ctx: Context, record: Record) -> None:
     count = ctx.config.enqueue_single
-    path = ctx.path("enqueue-one.sqlite")
-    store = open_bench_store(path)
+    store = open_bench_store(ctx.path("enqueue-one.sqlite"))
     try:
         require(store, "enqueue_occurrence")
         base = wall_ms() - PAST_MS
@@ -113,8 +109,6 @@ def measure_enqueue_one(ctx: Context, record: Record) -> None:
             task.advance()
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         task.finish()
-        more = iter(enqueue_request("frames", index, base) for index in range(FRAME_SAMPLES))
-        frames = frames_per_operation(path, lambda: store.enqueue_occurrence(**next(more)), FRAME_SAMPLES)
     finally:
         store.close()
     record(
@@ -123,7 +117,6 @@ def measure_enqueue_one(ctx: Context, record: Record) -> None:
         count=done,
         seconds=round(elapsed, 4),
         cpu_us_per_item=cpu_us(cpu, done),
-        wal_frames_per_commit=round(frames, 2),
     )
 
 
@@ -181,27 +174,13 @@ BATCH_CLAIM = Spec(
 )
 
 
-def cycle_frames(path: Path, store: Any) -> dict[str, float]:
-    """WAL frames per ``claim_next`` commit and per ``settle`` commit (small queue)."""
-    claimed: list[Any] = []
-    claim = frames_per_operation(
-        path, lambda: claimed.append(store.claim_next(owner_id=OWNER, lease_ms=LEASE_MS)), FRAME_SAMPLES
-    )
-    pending = iter(claimed)
-    settle = frames_per_operation(
-        path, lambda: store.settle(**settle_kwargs(next(pending), OWNER)), FRAME_SAMPLES
-    )
-    return {"claim_next": round(claim, 2), "settle": round(settle, 2)}
-
-
 def measure_cycles(ctx: Context, record: Record) -> None:
     """One worker: ``claim_next`` then ``settle(succeeded)``, two write transactions per cycle."""
     count = ctx.config.cycles
-    path = ctx.path("cycles.sqlite")
-    store = open_bench_store(path)
+    store = open_bench_store(ctx.path("cycles.sqlite"))
     try:
         require(store, "claim_next", "settle")
-        fill_queue(store, "cycle", count + FRAME_SAMPLES)
+        fill_queue(store, "cycle", count)
         task = ctx.progress.task("claim_next + settle", count)
         budget, done = ctx.budget(), 0
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -214,7 +193,6 @@ def measure_cycles(ctx: Context, record: Record) -> None:
             task.advance()
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         task.finish()
-        frames = cycle_frames(path, store)
     finally:
         store.close()
     record(
@@ -223,7 +201,6 @@ def measure_cycles(ctx: Context, record: Record) -> None:
         count=done,
         seconds=round(elapsed, 4),
         cpu_us_per_item=cpu_us(cpu, done),
-        wal_frames_per_commit=frames,
     )
 
 
@@ -239,11 +216,10 @@ ONE_COMMIT = Spec(
 def measure_one_commit_cycles(ctx: Context, record: Record) -> None:
     """One worker: ``settle_and_claim`` of the held occurrence, one write transaction per cycle."""
     count = ctx.config.cycles
-    path = ctx.path("one-commit.sqlite")
-    store = open_bench_store(path)
+    store = open_bench_store(ctx.path("one-commit.sqlite"))
     try:
         require(store, "settle_and_claim")
-        fill_queue(store, "one-commit", count + FRAME_SAMPLES + 1)
+        fill_queue(store, "one-commit", count + 1)
         held = store.claim_next(owner_id=OWNER, lease_ms=LEASE_MS)
 
         def cycle() -> None:
@@ -261,7 +237,6 @@ def measure_one_commit_cycles(ctx: Context, record: Record) -> None:
             task.advance()
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         task.finish()
-        frames = frames_per_operation(path, cycle, FRAME_SAMPLES)
     finally:
         store.close()
     record(
@@ -270,7 +245,6 @@ def measure_one_commit_cycles(ctx: Context, record: Record) -> None:
         count=done,
         seconds=round(elapsed, 4),
         cpu_us_per_item=cpu_us(cpu, done),
-        wal_frames_per_commit=round(frames, 2),
     )
 
 

@@ -1,7 +1,10 @@
 """The ``scheduler`` operator command line (Typer + rich).
 
 ``--db`` names a SQLite file or a PostgreSQL database (``postgresql+psycopg://``; ``--schema``,
-before the command or after it, picks the scheduler's schema there, default ``scheduler``). Read
+before the command or after it, picks the scheduler's schema there, default ``scheduler``). A SQLite
+file shared with an application (the scheduler's tables beside its own, ``exclusive=False``) is
+detected and opened as such; ``--shared`` says so where nothing can be detected yet. Ids: every
+command that takes an id accepts a unique prefix; tables show short ids (``scheduler.cli.ids``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
 ``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume`` and
 ``prune`` write. Every read command takes ``--json``.
@@ -17,7 +20,7 @@ import typer
 
 from scheduler import bench
 from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
-from scheduler.cli.common import DbOption, SchemaOption, configure_logging, set_root_db
+from scheduler.cli.common import DbOption, SchemaOption, SharedOption, configure_logging, set_root_db
 
 app = typer.Typer(
     name="scheduler",
@@ -33,11 +36,12 @@ app = typer.Typer(
 def root(
     db: DbOption = None,
     schema: SchemaOption = None,
+    shared: SharedOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs on stderr.")] = False,
 ) -> None:
-    """Global options; ``--db`` and ``--schema`` here apply to every command (a command's own
-    ``--db``/``--schema`` wins)."""
-    set_root_db(db, schema)
+    """Global options; ``--db``, ``--schema`` and ``--shared`` here apply to every command (a
+    command's own ``--db``/``--schema`` wins; ``--shared`` anywhere counts)."""
+    set_root_db(db, schema, shared)
     configure_logging(verbose)
 
 

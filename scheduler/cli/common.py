@@ -12,32 +12,31 @@ import json
 import logging
 import os
 import shlex
-import sqlite3
 import sys
 import typing
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
-from urllib.parse import quote
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
 
 from scheduler.cli import pg_target
+from scheduler.cli.readonly import readonly_snapshot
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.catalog import list_user_tables, read_pragma_int
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEMA_VERSION
+from scheduler.schema.sqlite_file import NOT_A_DATABASE, is_stray_file
 from scheduler.schema.upgrade import inspect_database
 from scheduler.store import SchedulerStore, default_database_path, open_store
-from scheduler.store.failures import find_contention_code, find_storage_failure_code, storage_unavailable
+from scheduler.store.failures import find_contention_code, find_storage_failure_code
 from scheduler.store.opening import parse_url
 from scheduler.store.records import Record
 
@@ -74,6 +73,16 @@ CommandSchemaOption = Annotated[
         show_default=False,
     ),
 ]
+SharedOption = Annotated[
+    bool,
+    typer.Option(
+        "--shared",
+        help="SQLite: the file is shared with an application (open_store(path, exclusive=False)): the "
+        "scheduler's tables beside the application's. Detected for a file that already holds them; "
+        "needed to create them in an application's file, or to leave a dedicated file's journal "
+        "mode alone (the kernel file of the attached layout).",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 LimitOption = Annotated[
     int, typer.Option("--limit", min=1, max=1000, help="At most this many rows (1..1000).")
@@ -89,11 +98,14 @@ R = TypeVar("R")
 class CliFailure(Exception):
     """A command failure with its exit code and an optional error code for ``--json``."""
 
-    def __init__(self, message: str, *, exit_code: int = EXIT_FAILURE, code: str = "CLI_FAILURE") -> None:
+    def __init__(
+        self, message: str, *, exit_code: int = EXIT_FAILURE, code: str = "CLI_FAILURE", details: Any = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
         self.code = code
+        self.details = details
 
 
 def not_found(kind: str, identifier: str) -> CliFailure:
@@ -156,18 +168,21 @@ def _report_error(code: str, message: str, details: Any, as_json: bool) -> None:
 
 def command(function: Callable[P, R]) -> Callable[P, R]:
     """Turn library and CLI failures into a message and the documented exit code. A command that
-    takes ``--db`` and has no ``--schema`` of its own is given one (:func:`_with_schema_option`)."""
-    takes_schema_option = _lacks_schema_option(function)
+    takes ``--db`` and lacks ``--schema`` or ``--shared`` of its own is given them
+    (:func:`_with_database_options`)."""
+    injected = _missing_database_options(function)
 
     @functools.wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         as_json = bool(kwargs.get("as_json", False))
-        schema = kwargs.pop("schema", None) if takes_schema_option else None
-        token = _ROOT_SCHEMA.set(str(schema)) if schema is not None else None
+        schema = kwargs.pop("schema", None) if "schema" in injected else None
+        shared = bool(kwargs.pop("shared", False)) if "shared" in injected else False
+        schema_token = _ROOT_SCHEMA.set(str(schema)) if schema is not None else None
+        shared_token = _ROOT_SHARED.set(True) if shared else None
         try:
             return function(*args, **kwargs)
         except CliFailure as failure:
-            _report_error(failure.code, failure.message, None, as_json)
+            _report_error(failure.code, failure.message, failure.details, as_json)
             raise typer.Exit(failure.exit_code) from failure
         except pg_target.PgTargetError as failure:
             _report_error(failure.code, failure.message, None, as_json)
@@ -185,23 +200,30 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
             _report_error(code, f"database error: {error.orig}", details, as_json)
             raise typer.Exit(EXIT_FAILURE) from error
         finally:
-            if token is not None:
-                _ROOT_SCHEMA.reset(token)
+            if schema_token is not None:
+                _ROOT_SCHEMA.reset(schema_token)
+            if shared_token is not None:
+                _ROOT_SHARED.reset(shared_token)
 
-    if takes_schema_option:
-        _with_schema_option(wrapper, function)
+    if injected:
+        _with_database_options(wrapper, function, injected)
     return wrapper
 
 
-def _lacks_schema_option(function: Callable[..., Any]) -> bool:
-    """A command that takes ``--db`` and has no ``--schema`` parameter of its own."""
+def _missing_database_options(function: Callable[..., Any]) -> list[str]:
+    """``schema``/``shared``: the options a command that takes ``--db`` has no parameter for."""
     parameters = inspect.signature(function).parameters
-    return "db" in parameters and "schema" not in parameters
+    if "db" not in parameters:
+        return []
+    return [name for name in ("schema", "shared") if name not in parameters]
 
 
-def _with_schema_option(wrapper: Callable[..., Any], function: Callable[..., Any]) -> None:
-    """Give ``wrapper`` (Typer reads its signature) a ``--schema`` option after ``--db``: the
-    global ``scheduler --schema`` works as well, as ``--db`` does (the command's own wins)."""
+def _with_database_options(
+    wrapper: Callable[..., Any], function: Callable[..., Any], names: list[str]
+) -> None:
+    """Give ``wrapper`` (Typer reads its signature) the ``--schema``/``--shared`` options it lacks,
+    after ``--db``: the global ``scheduler --schema``/``--shared`` work as well, as ``--db`` does
+    (the command's own wins)."""
     signature = inspect.signature(function)
     hints = typing.get_type_hints(function, include_extras=True)
     keyword = inspect.Parameter.KEYWORD_ONLY  # Typer passes every value by name
@@ -210,11 +232,16 @@ def _with_schema_option(wrapper: Callable[..., Any], function: Callable[..., Any
         for parameter in signature.parameters.values()
     ]
     after_db = [parameter.name for parameter in parameters].index("db") + 1
-    schema = inspect.Parameter("schema", keyword, default=None, annotation=CommandSchemaOption)
+    annotations = {"schema": CommandSchemaOption, "shared": SharedOption}
+    defaults: dict[str, Any] = {"schema": None, "shared": False}
+    added = [
+        inspect.Parameter(name, keyword, default=defaults[name], annotation=annotations[name])
+        for name in names
+    ]
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*parameters[:after_db], schema, *parameters[after_db:]]
+        parameters=[*parameters[:after_db], *added, *parameters[after_db:]]
     )
-    wrapper.__annotations__ = {**hints, "schema": CommandSchemaOption}
+    wrapper.__annotations__ = {**hints, **{name: annotations[name] for name in names}}
 
 
 # ----------------------------------------------------------------- database resolution
@@ -222,12 +249,19 @@ def _with_schema_option(wrapper: Callable[..., Any], function: Callable[..., Any
 
 _ROOT_DB: ContextVar[str | None] = ContextVar("scheduler_cli_root_db", default=None)
 _ROOT_SCHEMA: ContextVar[str | None] = ContextVar("scheduler_cli_root_schema", default=None)
+_ROOT_SHARED: ContextVar[bool] = ContextVar("scheduler_cli_root_shared", default=False)
 
 
-def set_root_db(db: str | None, schema: str | None = None) -> None:
-    """Remember the global ``scheduler --db`` and ``--schema`` of the current invocation."""
+def set_root_db(db: str | None, schema: str | None = None, shared: bool = False) -> None:
+    """Remember the global ``scheduler --db``, ``--schema`` and ``--shared`` of the current invocation."""
     _ROOT_DB.set(db)
     _ROOT_SCHEMA.set(schema)
+    _ROOT_SHARED.set(shared)
+
+
+def shared_requested() -> bool:
+    """Whether ``--shared`` (the command's or the global one) was given."""
+    return _ROOT_SHARED.get()
 
 
 def resolve_schema(schema: str | None = None) -> str | None:
@@ -239,6 +273,11 @@ def sqlite_schema(schema: str | None) -> None:
     """Online commands on a SQLite file address its ``main`` database only."""
     if schema not in (None, "main"):
         raise _usage("--schema names a PostgreSQL schema (on SQLite it applies only to --sql scripts)")
+
+
+def explicit_db(db: str | None) -> str | None:
+    """``--db`` as given on the command line (the command's, then the global one), else ``None``."""
+    return db or _ROOT_DB.get()
 
 
 def resolve_target(db: str | None) -> str:
@@ -309,154 +348,84 @@ def existing_file(target: str) -> Path:
 # ----------------------------------------------------------------- read-only access
 
 
-def readonly_engine(path: Path, *, immutable: bool = False) -> Engine:
-    """An engine whose connections open ``file:PATH?mode=ro``: SQLite refuses every write.
-
-    A reader of a WAL database may create the ``-wal``/``-shm`` sidecars; they are created
-    owner-only. The database file itself is never written. ``immutable`` adds ``immutable=1``
-    (no locks, no WAL): only for :func:`readonly_connection`'s read-only-media fallback.
-    """
-    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
-
-    def connect() -> sqlite3.Connection:
-        previous = os.umask(0o077)
-        try:
-            connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        finally:
-            os.umask(previous)
-        connection.execute("PRAGMA query_only = ON")
-        connection.execute("PRAGMA trusted_schema = OFF")
-        return connection
-
-    return create_engine("sqlite+pysqlite://", creator=connect, poolclass=NullPool)
-
-
-_UNSHARED_SIDECARS = ("-wal", "-journal")
-"""Sidecars that may hold committed data the main file does not (yet) have."""
-
-
-def _file_state(path: Path) -> tuple[object, ...]:
-    info = os.stat(path)
-    sidecars = tuple(os.path.lexists(f"{path}{suffix}") for suffix in _UNSHARED_SIDECARS)
-    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, *sidecars)
-
-
-def _needs_immutable_read(path: Path) -> bool:
-    """Whether only an ``immutable=1`` read can read this file, and such a read is correct.
-
-    True when the directory cannot be written (read-only media, or a directory this user may
-    not write), so SQLite cannot create the ``-shm`` a WAL database needs and ``mode=ro`` fails
-    with ``SQLITE_CANTOPEN``/``SQLITE_READONLY``, and no ``-wal``/``-journal`` lies beside the
-    file, so the main file holds every committed write. With such a sidecar present the read is
-    refused (``SCHEDULER_STORAGE_UNAVAILABLE``): ``immutable`` would ignore committed data.
-    """
-    if os.access(path.parent, os.W_OK):
-        return False
-    probe = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
-    try:
-        probe.execute("SELECT count(*) FROM sqlite_master").fetchall()
-        return False
-    except sqlite3.Error as error:
-        name = str(getattr(error, "sqlite_errorname", ""))
-        if not name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")):
-            return False  # not a read-only-media problem: the command reports it
-        if any(os.path.lexists(f"{path}{suffix}") for suffix in _UNSHARED_SIDECARS):
-            raise _sidecar_on_readonly_media(path, find_storage_failure_code(error) or name) from error
-        return True
-    finally:
-        probe.close()
-
-
-def _sidecar_on_readonly_media(path: Path, storage_code: str) -> SchedulerKernelError:
-    error = storage_unavailable(phase="open", storage_code=storage_code, commit_state="not_committed")
-    error.message = (
-        f"{path} cannot be read here: its directory is not writable and a -wal/-journal beside it "
-        "may hold committed writes; copy the database with its sidecars to writable storage"
-    )
-    error.args = (error.message,)
-    return error
-
-
-def stored_journal_mode(path: Path, reported: str) -> str:
-    """The journal mode of the file: ``wal`` when its header says so (an ``immutable=1`` reader
-    reports ``delete`` for a WAL database), else what the connection ``reported``."""
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(20)
-    except OSError:
-        return reported
-    wal_format = len(header) == 20 and header[18] == 2 and header[19] == 2
-    return "wal" if wal_format else reported
-
-
-def _changed_while_read(path: Path) -> SchedulerKernelError:
-    error = storage_unavailable(
-        phase="read", storage_code="SQLITE_BUSY", commit_state="not_committed", retryable=True
-    )
-    error.message = (
-        f"{path} changed while it was read without locks (read-only directory): the output above "
-        "may be inconsistent; run the command again"
-    )
-    error.args = (error.message,)
-    return error
-
-
 @contextmanager
 def readonly_connection(target: str) -> Iterator[tuple[Path, Connection]]:
-    """A read-only connection inside one deferred read transaction (one consistent snapshot).
-
-    On read-only media (a directory SQLite cannot create the ``-shm`` in) a WAL database cannot
-    be opened with ``mode=ro``; when no ``-wal``/``-journal`` is beside it the main file is read
-    with ``immutable=1`` instead, and afterwards the command fails (exit 1,
-    ``SCHEDULER_STORAGE_UNAVAILABLE``, retryable) if the file or its sidecars changed meanwhile
-    (a writer elsewhere, which ``immutable`` would not have seen).
-
-    The snapshot is ended with ROLLBACK: it has nothing to commit, and on a damaged file SQLite's
-    COMMIT can fail ("database disk image is malformed") after every read succeeded, which would
-    throw away what the command found.
-    """
+    """``(path, connection)``: the existing SQLite file of ``target`` read inside one deferred read
+    transaction, never written (:func:`scheduler.cli.readonly.readonly_snapshot`)."""
     path = existing_file(target)
-    immutable = _needs_immutable_read(path)
-    before = _file_state(path) if immutable else None
-    engine = readonly_engine(path, immutable=immutable)
+    with readonly_snapshot(path) as connection:
+        yield path, connection
+
+
+# ----------------------------------------------------------------- SQLite layouts
+
+
+def file_is_shared(connection: Connection) -> bool:
+    """Whether a SQLite file holds the scheduler's tables beside an application's (API §8,
+    ``exclusive=False``): ``--shared`` was given, or the file is not the scheduler's own (its
+    ``application_id`` is not the scheduler's) and a ``migrations`` history of the scheduler's
+    is in it. A dedicated file, an empty one or a foreign one is not."""
+    if shared_requested():
+        return True
     try:
-        with engine.connect() as connection:
-            snapshot = connection.begin()
-            connection.exec_driver_sql("BEGIN")
-            try:
-                yield path, connection
-            finally:
-                with suppress(DBAPIError):
-                    snapshot.rollback()
-    finally:
-        engine.dispose()
-    if before is not None and _file_state(path) != before:
-        raise _changed_while_read(path)
+        if read_pragma_int(connection, "application_id") == SCHEDULER_APPLICATION_ID:
+            return False
+        return "migrations" in list_user_tables(connection) and _shared_file_version(connection) > 0
+    except DBAPIError:  # not a readable database: the command reports what it finds
+        return False
+
+
+def target_is_shared(target: str) -> bool:
+    """:func:`file_is_shared` for a SQLite ``--db`` (read-only; a missing file: ``--shared``)."""
+    if shared_requested():
+        return True
+    path = database_file(target)
+    if not path.is_file():
+        return False
+    with readonly_snapshot(path) as connection:
+        return file_is_shared(connection)
+
+
+def refuse_stray_file(path: Path) -> None:
+    """A stray 1-byte file, which SQLite reads as an empty database, is reported as SQLite reports
+    any other file that is not a database (``CLI_DATABASE_ERROR``)."""
+    if is_stray_file(path):
+        raise CliFailure(f"database error: {NOT_A_DATABASE}", code="CLI_DATABASE_ERROR")
 
 
 def require_current_schema(connection: Connection, path: Path) -> None:
-    """Refuse anything but a scheduler database at the current schema version."""
+    """Refuse anything but a scheduler database at the current schema version (a dedicated file,
+    or a shared one whose ``migrations`` history is at the current version)."""
+    refuse_stray_file(path)
+    if file_is_shared(connection):
+        version = inspect_database(connection, exclusive=False)
+        if version == 0:
+            raise CliFailure(
+                f"{path} holds no scheduler tables (run `scheduler init --shared`)",
+                code="SCHEDULER_SCHEMA_UNKNOWN",
+            )
+        if version != SCHEDULER_STORE_SCHEMA_VERSION:
+            raise _behind(path, version)
+        return
     application_id = read_pragma_int(connection, "application_id")
     version = read_pragma_int(connection, "user_version")
     if application_id == 0 and not list_user_tables(connection):
         raise CliFailure(f"{path} is empty (run `scheduler init`)", code="SCHEDULER_SCHEMA_UNKNOWN")
     if application_id != SCHEDULER_APPLICATION_ID:
-        if "migrations" in list_user_tables(connection) and _shared_file_version(connection) > 0:
-            raise CliFailure(
-                f"{path} holds the scheduler's tables beside another application's (a shared file, "
-                "docs/embedding.md): the CLI reads dedicated scheduler files and PostgreSQL schemas; "
-                "open a shared file from Python with open_store(path, exclusive=False)",
-                code="SCHEDULER_SCHEMA_UNKNOWN",
-            )
         raise CliFailure(
-            f"{path} is not a scheduler database (run `scheduler verify`)", code="SCHEDULER_SCHEMA_UNKNOWN"
-        )
-    if version != SCHEDULER_STORE_SCHEMA_VERSION:
-        raise CliFailure(
-            f"{path} is at schema v{version}, not v{SCHEDULER_STORE_SCHEMA_VERSION} "
-            "(run `scheduler upgrade`)",
+            f"{path} is not a scheduler database (run `scheduler verify`; for an application's "
+            "file, `scheduler init --shared` creates the scheduler's tables beside its own)",
             code="SCHEDULER_SCHEMA_UNKNOWN",
         )
+    if version != SCHEDULER_STORE_SCHEMA_VERSION:
+        raise _behind(path, version)
+
+
+def _behind(path: Path, version: int) -> CliFailure:
+    return CliFailure(
+        f"{path} is at schema v{version}, not v{SCHEDULER_STORE_SCHEMA_VERSION} (run `scheduler upgrade`)",
+        code="SCHEDULER_SCHEMA_UNKNOWN",
+    )
 
 
 def _shared_file_version(connection: Connection) -> int:
@@ -470,7 +439,7 @@ def _shared_file_version(connection: Connection) -> int:
 @contextmanager
 def read_store(db: str | None) -> Iterator[SchedulerStore]:
     """A store for read commands: read-only file (PostgreSQL: a read-only snapshot transaction),
-    current schema, never creates or upgrades."""
+    current schema, never creates or upgrades. SQLite: a dedicated or a shared file."""
     target, schema = resolve_target(db), resolve_schema()
     if pg_target.is_postgresql(target):
         with pg_target.readonly_connection(target, schema) as (name, connection, where):
@@ -495,12 +464,15 @@ def read_store(db: str | None) -> Iterator[SchedulerStore]:
 
 @contextmanager
 def write_store(db: str | None) -> Iterator[SchedulerStore]:
-    """A store for write commands (``open_store``: creates or upgrades to the current schema)."""
+    """A store for write commands (``open_store``: creates or upgrades to the current schema);
+    a shared SQLite file (:func:`target_is_shared`) is opened with ``exclusive=False``."""
     target, schema = resolve_target(db), resolve_schema()
-    if not pg_target.is_postgresql(target):
-        sqlite_schema(schema)
-        schema = None
-    with open_store(target, schema=schema) as store:
+    if pg_target.is_postgresql(target):
+        with open_store(target, schema=schema) as store:
+            yield store
+        return
+    sqlite_schema(schema)
+    with open_store(target, exclusive=not target_is_shared(target)) as store:
         yield store
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
 
+from scheduler.cli import ids
 from scheduler.cli.common import (
     DbOption,
     JsonOption,
@@ -24,13 +25,15 @@ from scheduler.cli.common import (
     require_database,
     write_store,
 )
-from scheduler.cli.reads import key_option
+from scheduler.cli.reads import key_option, short_ids
 from scheduler.contract.constants import RUNTIME_CONTROL_OCCURRENCE_STATUSES
 from scheduler.contract.digests import (
     scheduler_adjudication_operator_digest,
     scheduler_adjudication_reason_digest,
 )
+from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_sha256_digest
+from scheduler.store.facade import SchedulerStore
 from scheduler.store.records import AdjudicationCase, DomainMigration, RuntimeControlOccurrence
 from scheduler.store.runtime_reads import normalize_runtime_control_enumeration
 
@@ -52,13 +55,13 @@ MigrationStateName = Literal[
 RuntimeStatusName = Literal["running", "pause_requested", "paused"]
 
 
-def cases_table(cases: Sequence[AdjudicationCase]) -> Table:
+def cases_table(cases: Sequence[AdjudicationCase], short: ids.Short) -> Table:
     table = new_table(
         "occurrence", "job", "status", "error", "attempt", "fence", "eligible", "evidence", "decision"
     )
     for case in cases:
         table.add_row(
-            case.occurrence_id,
+            short(case.occurrence_id),
             case.job_id,
             case.status,
             case.error_code or "-",
@@ -73,13 +76,13 @@ def cases_table(cases: Sequence[AdjudicationCase]) -> Table:
     return table
 
 
-def migrations_table(migrations: Sequence[DomainMigration]) -> Table:
+def migrations_table(migrations: Sequence[DomainMigration], short: ids.Short) -> Table:
     table = new_table(
         "id", "state", "entries", "created", "updated", "completed", "last error", title="domain migrations"
     )
     for migration in migrations:
         table.add_row(
-            migration.id,
+            short(migration.id),
             migration.state,
             str(migration.entry_count),
             fmt_ms(migration.created_at),
@@ -90,14 +93,14 @@ def migrations_table(migrations: Sequence[DomainMigration]) -> Table:
     return table
 
 
-def controls_table(occurrences: Sequence[RuntimeControlOccurrence]) -> Table:
+def controls_table(occurrences: Sequence[RuntimeControlOccurrence], short: ids.Short) -> Table:
     table = new_table(
         "occurrence", "job", "kind", "runtime", "attempt", "fence", "control", "updated", title="controls"
     )
     for item in occurrences:
         control = item.control
         table.add_row(
-            item.id,
+            short(item.id),
             item.job_id,
             item.job_kind,
             item.runtime_status,
@@ -115,7 +118,8 @@ def adjudication_list(limit: StoreLimitOption = 50, db: DbOption = None, as_json
     """Dead letters whose outcome is unknown and that may be adjudicated."""
     with read_store(db) as store:
         cases = store.list_adjudication_cases(limit=limit)
-    emit_listing("cases", cases, limit=limit, as_json=as_json, table=lambda: cases_table(cases))
+        short = short_ids(store, ids.OCCURRENCE, as_json, (case.occurrence_id for case in cases))
+    emit_listing("cases", cases, limit=limit, as_json=as_json, table=lambda: cases_table(cases, short))
 
 
 @adjudication_app.command("show")
@@ -124,17 +128,19 @@ def adjudication_show(occurrence_id: str, db: DbOption = None, as_json: JsonOpti
     """One occurrence's adjudication case: the evidence a decision must quote."""
     key_option(occurrence_id, "occurrenceId")
     with read_store(db) as store:
+        occurrence_id = ids.resolve(store.connection, ids.OCCURRENCE, occurrence_id)
         case = store.get_adjudication_case(occurrence_id)
+        short = short_ids(store, ids.OCCURRENCE, as_json, [occurrence_id])
     if case is None:
         raise not_found("occurrence", occurrence_id)
     if as_json:
         emit_json({"case": case.to_dict()})
         return
     out = console()
-    out.print(cases_table([case]))
+    out.print(cases_table([case], short))
     if case.eligible:
         out.print(
-            f"decide with: scheduler adjudication decide {case.occurrence_id} --decision <decision> "
+            f"decide with: scheduler adjudication decide {short(case.occurrence_id)} --decision <decision> "
             f"--evidence-digest {case.evidence_digest} --attempt {case.attempt} --fence {case.fence} "
             "--reason <text> --operator <identity>",
             markup=False,
@@ -160,20 +166,51 @@ def adjudication_decide(
     reason_digest = scheduler_adjudication_reason_digest(reason)
     operator_digest = scheduler_adjudication_operator_digest(operator)
     require_database(db)  # a decision needs the database it decides about: never create one
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
+    decided = {
+        "decision": decision,
+        "evidence_digest": evidence_digest,
+        "expected_attempt": attempt,
+        "expected_fence": fence,
+        "reason_digest": reason_digest,
+        "operator_digest": operator_digest,
+    }
     with write_store(db) as store:
-        case = store.adjudicate_occurrence(
-            occurrence_id=occurrence_id,
-            decision=decision,
-            expected_evidence_digest=evidence_digest,
-            expected_attempt=attempt,
-            expected_fence=fence,
-            reason_digest=reason_digest,
-            operator_digest=operator_digest,
-        )
+        try:
+            case = store.adjudicate_occurrence(
+                occurrence_id=occurrence_id,
+                decision=decision,
+                expected_evidence_digest=evidence_digest,
+                expected_attempt=attempt,
+                expected_fence=fence,
+                reason_digest=reason_digest,
+                operator_digest=operator_digest,
+            )
+            already = False
+        except SchedulerKernelError as error:
+            case, already = _the_same_decision(store, occurrence_id, decided, error), True
     if as_json:
-        emit_json({"case": case.to_dict()})
+        emit_json({"case": case.to_dict(), "deduplicated": already})
     else:
-        console().print(cases_table([case]))
+        console().print(cases_table([case], lambda _: resolved.short))
+        if already:
+            console().print("this decision was already recorded", markup=False)
+
+
+def _the_same_decision(
+    store: SchedulerStore, occurrence_id: str, decided: dict[str, Any], refusal: SchedulerKernelError
+) -> AdjudicationCase:
+    """The case when the store refused a second decision and the one recorded is this very one
+    (the command run again, or losing to the identical command run at the same moment): it is
+    reported, not refused. Any other refusal, or a different decision, is raised (exit 1)."""
+    if refusal.code != "SCHEDULER_ADJUDICATION_ALREADY_RECORDED":
+        raise refusal
+    case = store.get_adjudication_case(occurrence_id)
+    recorded = None if case is None else case.adjudication
+    if case is None or recorded is None or any(getattr(recorded, k) != v for k, v in decided.items()):
+        raise refusal
+    return case
 
 
 @migrations_app.command("list")
@@ -189,7 +226,10 @@ def migrations_list(
     """Domain migrations, newest first."""
     with read_store(db) as store:
         found = store.list_domain_migrations(state=state, limit=limit)
-    emit_listing("migrations", found, limit=limit, as_json=as_json, table=lambda: migrations_table(found))
+        short = short_ids(store, ids.MIGRATION, as_json, (migration.id for migration in found))
+    emit_listing(
+        "migrations", found, limit=limit, as_json=as_json, table=lambda: migrations_table(found, short)
+    )
 
 
 @migrations_app.command("show")
@@ -198,14 +238,16 @@ def migrations_show(migration_id: str, db: DbOption = None, as_json: JsonOption 
     """One domain migration with its entries."""
     key_option(migration_id, "migrationId")
     with read_store(db) as store:
+        migration_id = ids.resolve(store.connection, ids.MIGRATION, migration_id)
         migration = store.get_domain_migration(migration_id)
+        short = short_ids(store, ids.MIGRATION, as_json, [migration_id])
     if migration is None:
         raise not_found("domain migration", migration_id)
     if as_json:
         emit_json({"migration": migration.to_dict()})
         return
     out = console()
-    out.print(migrations_table([migration]))
+    out.print(migrations_table([migration], short))
     entries = new_table(
         "entry", "domain", "source", "target job", "strategy", "state", "action", title="entries"
     )
@@ -248,4 +290,7 @@ def controls_list(
     kinds = [key_option(value, "jobKinds[]", 128) or "" for value in kind] if kind else None
     with read_store(db) as store:
         found = store.list_controllable_occurrences(statuses=statuses, job_kinds=kinds, limit=limit)
-    emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: controls_table(found))
+        short = short_ids(store, ids.OCCURRENCE, as_json, (item.id for item in found))
+    emit_listing(
+        "occurrences", found, limit=limit, as_json=as_json, table=lambda: controls_table(found, short)
+    )

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Final
 
 import typer
 
+from scheduler.cli import ids
 from scheduler.cli.common import (
     CliFailure,
     DbOption,
@@ -32,7 +33,12 @@ from scheduler.cli.common import (
     write_store,
 )
 from scheduler.cli.reads import key_option
-from scheduler.contract.constants import SAFE_POINT_ADAPTER_CHECKPOINT, SAFE_POINT_BEFORE_EXECUTE
+from scheduler.contract.constants import (
+    DEAD_LETTER,
+    MAX_HISTORY_LIMIT,
+    SAFE_POINT_ADAPTER_CHECKPOINT,
+    SAFE_POINT_BEFORE_EXECUTE,
+)
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.runtime_control import normalize_runtime_control_capability
 from scheduler.store.cancellation import is_cancelled, normalize_cancel_reason
@@ -71,10 +77,10 @@ def _occurrence(store: SchedulerStore, occurrence_id: str) -> Occurrence:
     return occurrence
 
 
-def _print_occurrence(occurrence: Occurrence, note: str) -> None:
+def _print_occurrence(occurrence: Occurrence, short: str, note: str) -> None:
     table = new_table("occurrence", "job", "status", "attempt", "fence", "available", title=note)
     table.add_row(
-        occurrence.id,
+        short,
         occurrence.job_id,
         occurrence.status,
         f"{occurrence.attempt}/{occurrence.max_attempts}",
@@ -109,15 +115,18 @@ def requeue_command(
     key_option(error_code, "expectedErrorCode", 128)
     key_option(request_id, "requestId", 128)
     _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
-        code = error_code
-        if code is None:
-            code = current.last_error.get("code") if isinstance(current.last_error, dict) else None
-            if not isinstance(code, str):
-                raise CliFailure("the occurrence has no error code; pass --error-code", code="CLI_USAGE")
-        expected_fence = current.fence if fence is None else fence
-        request = request_id or f"requeue:{current.id}:{expected_fence}"
+        pinned = fence is not None or request_id is not None
+        made = None if pinned else _requeue_made(store, current, error_code)
+        if made is not None:
+            expected_fence, code, request = made
+        else:
+            code = error_code or _last_error_code(current)
+            expected_fence = current.fence if fence is None else fence
+            request = request_id or f"requeue:{current.id}:{expected_fence}"
         result = store.requeue_dead_letter(
             occurrence_id=occurrence_id,
             expected_fence=expected_fence,
@@ -133,7 +142,8 @@ def requeue_command(
             }
         )
     else:
-        _print_occurrence(result.occurrence, "requeued" + (" (already)" if result.deduplicated else ""))
+        note = "requeued" + (" (already)" if result.deduplicated else "")
+        _print_occurrence(result.occurrence, resolved.short, note)
 
 
 @command
@@ -154,6 +164,8 @@ def cancel_command(
     key_option(occurrence_id, "occurrenceId")
     normalize_cancel_reason(reason)
     _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
         already = is_cancelled(current.status, current.last_error)
@@ -163,13 +175,43 @@ def cancel_command(
             {"occurrence": cancelled.to_dict(), "previousStatus": current.status, "deduplicated": already}
         )
         return
-    _print_occurrence(cancelled, "cancelled" + (" (already)" if already else ""))
+    _print_occurrence(cancelled, resolved.short, "cancelled" + (" (already)" if already else ""))
     if current.status == "running" and not already:
         console().print(
             f"it was running (owner {current.lease_owner}): the worker is told at its next lease "
             "renewal, and its effects may be partly applied",
             markup=False,
         )
+
+
+def _last_error_code(occurrence: Occurrence) -> str:
+    code = occurrence.last_error.get("code") if isinstance(occurrence.last_error, dict) else None
+    if not isinstance(code, str):
+        raise CliFailure("the occurrence has no error code; pass --error-code", code="CLI_USAGE")
+    return code
+
+
+def _requeue_made(
+    store: SchedulerStore, current: Occurrence, error_code: str | None
+) -> tuple[int, str, str] | None:
+    """(fence, error code, request id) of the requeue that already sent the occurrence's last dead
+    letter back, when it is no longer a dead letter; ``None`` otherwise.
+
+    ``requeue`` run again, or losing to an identical command run at the same moment, may read
+    the occurrence after that requeue and after a worker claimed it (a new fence, status
+    ``running``): the evidence it would derive is no longer the dead letter's. Replaying the
+    recorded request reports the requeue already made (``deduplicated``) instead of a conflict.
+    """
+    if current.status == DEAD_LETTER:
+        return None
+    for event in store.history(occurrence_id=current.id, limit=MAX_HISTORY_LIMIT):  # newest first
+        if event.type != "occurrence_requeued" or event.fence is None or not isinstance(event.data, dict):
+            continue
+        code, request = event.data.get("expectedErrorCode"), event.data.get("requestId")
+        if isinstance(code, str) and isinstance(request, str) and error_code in (None, code):
+            return event.fence, code, request
+        return None
+    return None
 
 
 @command
@@ -193,6 +235,7 @@ def pause_command(
     key_option(request_id, "requestId", 128)
     normalize_runtime_control_capability(capability)  # unknown safe points exit 2
     _require_database(db)
+    occurrence_id = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id).id
     with write_store(db) as store:
         current = _occurrence(store, occurrence_id)
         if fence is None and current.fence == 0:  # never claimed: no fence to expect
@@ -233,6 +276,8 @@ def resume_command(
     key_option(occurrence_id, "occurrenceId")
     key_option(request_id, "requestId", 128)
     _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    occurrence_id = resolved.id
     with write_store(db) as store:
         control = store.get_occurrence_control(occurrence_id)
         if control is None:
@@ -249,7 +294,8 @@ def resume_command(
         emit_json({"control": result.control.to_dict(), "occurrence": result.occurrence.to_dict()})
     else:
         already = " (already)" if result.control.deduplicated else ""
-        _print_occurrence(result.occurrence, f"resumed{already} (control revision {result.control.revision})")
+        note = f"resumed{already} (control revision {result.control.revision})"
+        _print_occurrence(result.occurrence, resolved.short, note)
 
 
 @command

@@ -53,13 +53,14 @@ def occurrence_status_counts(connection: Connection, *, job_id: str | None = Non
     return counts
 
 
-def table_row_counts(connection: Connection) -> dict[str, int]:
-    """Rows per table for every user table present (``sqlite_master``; PostgreSQL: the tables of
-    the schema the connection's ``schema_translate_map`` sends statements to), by name."""
+def table_row_counts(connection: Connection, *, exclusive: bool = True) -> dict[str, int]:
+    """Rows per table for every user table present (``sqlite_master``; a shared file: the
+    scheduler's tables only; PostgreSQL: the tables of the schema the connection's
+    ``schema_translate_map`` sends statements to), by name."""
     mapping = connection.get_execution_options().get("schema_translate_map") or {}
     schema = mapping.get(None)
     counts: dict[str, int] = {}
-    for name in list_user_tables(connection, schema):
+    for name in list_user_tables(connection, schema, exclusive):
         count = select(func.count()).select_from(table(name, schema=schema))
         counts[name] = int(connection.execute(count).scalar_one())
     return counts

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
 
-from scheduler.cli import queries
+from scheduler.cli import ids, queries
 from scheduler.cli.common import (
     DbOption,
     JsonOption,
@@ -26,6 +26,7 @@ from scheduler.cli.common import (
 )
 from scheduler.contract.constants import OCCURRENCE_STATUSES
 from scheduler.contract.storable import normalize_optional_key
+from scheduler.store.facade import SchedulerStore
 from scheduler.store.records import Event, Job, Occurrence
 
 jobs_app = typer.Typer(help="Jobs (definitions and revisions).", no_args_is_help=True)
@@ -63,13 +64,15 @@ def jobs_table(jobs: Sequence[Job]) -> Table:
     return table
 
 
-def occurrences_table(occurrences: Sequence[Occurrence], title: str = "occurrences") -> Table:
+def occurrences_table(
+    occurrences: Sequence[Occurrence], short: ids.Short, title: str = "occurrences"
+) -> Table:
     table = new_table(
         "id", "job", "trigger", "status", "attempt", "fence", "available", "last error", title=title
     )
     for occurrence in occurrences:
         table.add_row(
-            occurrence.id,
+            short(occurrence.id),
             occurrence.job_id,
             occurrence.trigger_key,
             occurrence.status,
@@ -81,14 +84,14 @@ def occurrences_table(occurrences: Sequence[Occurrence], title: str = "occurrenc
     return table
 
 
-def events_table(events: Sequence[Event], title: str = "history") -> Table:
+def events_table(events: Sequence[Event], short: ids.Short, title: str = "history") -> Table:
     table = new_table("#", "at", "type", "occurrence", "owner", "fence", "data", title=title)
     for event in events:
         table.add_row(
             str(event.event_id),
             fmt_ms(event.occurred_at),
             event.type,
-            event.occurrence_id or "-",
+            short(event.occurrence_id),
             event.owner_id or "-",
             "-" if event.fence is None else str(event.fence),
             compact(event.data),
@@ -117,6 +120,7 @@ def jobs_show(job_id: str, db: DbOption = None, as_json: JsonOption = False) -> 
     """Show one job and how many of its occurrences are in each status."""
     key_option(job_id, "jobId")
     with read_store(db) as store:
+        job_id = ids.resolve(store.connection, ids.JOB, job_id)
         job = store.get_job(job_id)
         if job is None:
             raise not_found("job", job_id)
@@ -144,8 +148,12 @@ def occurrences_list(
     """List occurrences, most recently updated first."""
     job = key_option(job, "jobId")
     with read_store(db) as store:
+        job = ids.resolve_optional(store.connection, ids.JOB, job)
         found = queries.list_occurrences(store.connection, status=status, job_id=job, limit=limit)
-    emit_listing("occurrences", found, limit=limit, as_json=as_json, table=lambda: occurrences_table(found))
+        short = _short_occurrences(store, as_json, (occurrence.id for occurrence in found))
+    emit_listing(
+        "occurrences", found, limit=limit, as_json=as_json, table=lambda: occurrences_table(found, short)
+    )
 
 
 @occurrences_app.command("show")
@@ -154,9 +162,11 @@ def occurrences_show(occurrence_id: str, db: DbOption = None, as_json: JsonOptio
     """Show one occurrence with its runtime control, authority reservation and adjudication."""
     key_option(occurrence_id, "occurrenceId")
     with read_store(db) as store:
+        occurrence_id = ids.resolve(store.connection, ids.OCCURRENCE, occurrence_id)
         occurrence = store.get_occurrence(occurrence_id)
         if occurrence is None:
             raise not_found("occurrence", occurrence_id)
+        short = _short_occurrences(store, as_json, [occurrence.id])
         control = store.get_occurrence_control(occurrence.id)
         reservation = store.get_authority_reservation(occurrence.id)
         adjudication = store.get_occurrence_adjudication(occurrence.id)
@@ -170,7 +180,7 @@ def occurrences_show(occurrence_id: str, db: DbOption = None, as_json: JsonOptio
         emit_json(result)
         return
     out = console()
-    out.print(occurrences_table([occurrence], title="occurrence"))
+    out.print(occurrences_table([occurrence], short, title="occurrence"))
     for key in ("payload", "result", "lastError"):
         out.print(f"{key}: {compact(result['occurrence'][key], 200)}", markup=False)
     for key in ("control", "reservation", "adjudication"):
@@ -191,8 +201,11 @@ def history_command(
     key_option(job, "jobId")
     key_option(occurrence, "occurrenceId")
     with read_store(db) as store:
+        job = ids.resolve_optional(store.connection, ids.JOB, job)
+        occurrence = ids.resolve_optional(store.connection, ids.OCCURRENCE, occurrence)
         events = store.history(job_id=job, occurrence_id=occurrence, limit=limit)
-    emit_listing("events", events, limit=limit, as_json=as_json, table=lambda: events_table(events))
+        short = _short_occurrences(store, as_json, (event.occurrence_id for event in events))
+    emit_listing("events", events, limit=limit, as_json=as_json, table=lambda: events_table(events, short))
 
 
 @command
@@ -202,11 +215,24 @@ def dead_letters_command(
     """Dead-lettered occurrences, most recently settled first."""
     key_option(job, "jobId")
     with read_store(db) as store:
+        job = ids.resolve_optional(store.connection, ids.JOB, job)
         dead = store.list_dead_letters(job_id=job, limit=limit)
+        short = _short_occurrences(store, as_json, (occurrence.id for occurrence in dead))
     emit_listing(
         "deadLetters",
         dead,
         limit=limit,
         as_json=as_json,
-        table=lambda: occurrences_table(dead, title="dead letters"),
+        table=lambda: occurrences_table(dead, short, title="dead letters"),
     )
+
+
+def short_ids(
+    store: SchedulerStore, space: ids.IdSpace, as_json: bool, values: Iterable[str | None]
+) -> ids.Short:
+    """The short ids a table of this read snapshot shows (none computed for ``--json``)."""
+    return ids.whole if as_json else ids.shortener(store.connection, space, values)
+
+
+def _short_occurrences(store: SchedulerStore, as_json: bool, values: Iterable[str | None]) -> ids.Short:
+    return short_ids(store, ids.OCCURRENCE, as_json, values)

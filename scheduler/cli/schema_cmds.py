@@ -23,14 +23,17 @@ from scheduler.cli.common import (
     database_file,
     emit_json,
     existing_file,
+    file_is_shared,
     fmt_ms,
     new_table,
     readonly_connection,
+    refuse_stray_file,
     resolve_schema,
     resolve_target,
     sqlite_schema,
-    stored_journal_mode,
+    target_is_shared,
 )
+from scheduler.cli.readonly import stored_journal_mode
 from scheduler.cli.verification import Verification, verify_database, verify_postgresql
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import catalog, ddl, offline, tables
@@ -67,12 +70,12 @@ SchemaNameOption = Annotated[
 ]
 
 
-def _current_version(path: Path) -> int:
+def _current_version(path: Path, shared: bool) -> int:
     """The version an upgrade would start from (0 = new or empty), after the store's refusal checks."""
     if not path.exists():
         return 0
     with readonly_connection(str(path)) as (_, connection):
-        return inspect_database(connection)
+        return inspect_database(connection, exclusive=not shared)
 
 
 def _step_dict(step: UpgradeStep) -> dict[str, Any]:
@@ -191,6 +194,8 @@ def _upgrade(
     schema: str | None = None,
 ) -> None:
     target, schema = resolve_target(db), resolve_schema(schema)
+    if not pg_target.is_postgresql(target):
+        shared = shared or target_is_shared(target)
     if sql:
         _print_sql(target, must_exist=must_exist, shared=shared, schema=schema, as_json=as_json)
         return
@@ -204,15 +209,24 @@ def _upgrade(
             code="CLI_USAGE",
         )
     path = existing_file(target) if must_exist else database_file(target)
-    from_version = _current_version(path)
+    try:
+        from_version = _current_version(path, shared)
+    except SchedulerKernelError as error:
+        if not shared and error.code == catalog.SCHEMA_UNKNOWN and "tables" in (error.details or {}):
+            error.message += (
+                " (an application's file: `scheduler init --shared` creates the scheduler's tables "
+                "beside its own)"
+            )
+            error.args = (error.message,)
+        raise
     steps = list(UPGRADE_STEPS[from_version:])
     fingerprint = None
     if not dry_run:
         # Verify, then create or upgrade in one BEGIN IMMEDIATE transaction; the fingerprint is
         # read on the store's own connection, so that closing it (the last connection) leaves
         # only the checkpointed main file behind.
-        with open_store(target) as store:
-            fingerprint = catalog.schema_fingerprint(store.connection)
+        with open_store(target, exclusive=not shared) as store:
+            fingerprint = catalog.schema_fingerprint(store.connection, exclusive=not shared)
     _report(
         {
             "database": str(path),
@@ -307,7 +321,7 @@ def verify_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     else:
         sqlite_schema(resolve_schema())
         with readonly_connection(target) as (path, connection):
-            verification = verify_database(connection)
+            verification = verify_database(connection, exclusive=not file_is_shared(connection))
     if as_json:
         emit_json({"database": str(path), **verification.to_dict()})
     else:
@@ -316,10 +330,11 @@ def verify_command(db: DbOption = None, as_json: JsonOption = False) -> None:
         raise typer.Exit(EXIT_FAILURE)
 
 
-def _integrity(connection: Connection) -> dict[str, Any]:
-    """``PRAGMA quick_check`` as ``{ok}`` or ``{ok: false, code, message, details}``."""
+def _integrity(connection: Connection, *, exclusive: bool = True) -> dict[str, Any]:
+    """``PRAGMA quick_check`` as ``{ok}`` or ``{ok: false, code, message, details}`` (a shared
+    file: of the scheduler's tables)."""
     try:
-        catalog.assert_database_integrity(connection)
+        catalog.assert_database_integrity(connection, exclusive=exclusive)
     except SchedulerKernelError as error:
         return {"ok": False, "code": error.code, "message": error.message, "details": error.details}
     return {"ok": True}
@@ -340,13 +355,19 @@ def _catalog_report(
 
 
 def _info(path: Path) -> dict[str, Any]:
+    refuse_stray_file(path)
     with readonly_connection(str(path)) as (_, connection):
-        version = catalog.read_pragma_int(connection, "user_version")
-        integrity = _integrity(connection)
+        shared = file_is_shared(connection)
+        integrity = _integrity(connection, exclusive=not shared)
+        # A shared file's version is its migrations history (user_version is the application's).
+        version = (
+            _shared_version(connection) if shared else catalog.read_pragma_int(connection, "user_version")
+        )
         # Row counts read every page of every table: on a damaged file they are not attempted.
-        tables = queries.table_row_counts(connection) if integrity["ok"] else {}
-        fingerprint = catalog.schema_fingerprint(connection)
+        tables = queries.table_row_counts(connection, exclusive=not shared) if integrity["ok"] else {}
+        fingerprint = catalog.schema_fingerprint(connection, exclusive=not shared)
         return {
+            **({"layout": "shared"} if shared else {}),
             "integrity": integrity,
             "database": str(path),
             "files": queries.file_sizes(path),
@@ -360,6 +381,14 @@ def _info(path: Path) -> dict[str, Any]:
             },
             **_catalog_report(connection, fingerprint, ddl.SCHEMA_FINGERPRINTS.get(version), tables),
         }
+
+
+def _shared_version(connection: Connection) -> int:
+    """A shared file's schema version as its ``migrations`` history records it (0: unreadable)."""
+    try:
+        return catalog.read_shared_version(connection, schema_target(connection, None, exclusive=False))
+    except SchedulerKernelError:
+        return 0
 
 
 def _info_postgresql(target: str, schema: str | None) -> dict[str, Any]:
@@ -413,7 +442,8 @@ def _print_info(info: dict[str, Any]) -> None:
             markup=False,
         )
     else:
-        out.print(f"database: {info['database']} (journal mode {info['journalMode']})")
+        shared = ", shared with an application" if info.get("layout") == "shared" else ""
+        out.print(f"database: {info['database']} (journal mode {info['journalMode']}{shared})")
         out.print("files: " + ", ".join(f"{name} {size} B" for name, size in info["files"].items()))
         out.print(
             f"schema v{versions['schema']} (latest v{versions['latestSchema']}), application id "

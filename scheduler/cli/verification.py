@@ -19,7 +19,8 @@ from sqlalchemy.exc import DBAPIError
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import catalog, pg_catalog
 from scheduler.schema.ddl import PG_SCHEMA_FINGERPRINTS, SCHEDULER_STORE_SCHEMA_VERSION, SCHEMA_FINGERPRINTS
-from scheduler.schema.target import SchemaTarget
+from scheduler.schema.sqlite_file import NOT_A_DATABASE, database_path, is_stray_file
+from scheduler.schema.target import SchemaTarget, schema_target
 
 Check = Callable[[Connection], object]
 
@@ -108,24 +109,24 @@ def _version_to_verify(user_version: int | None) -> int:
     return user_version if user_version in SCHEMA_FINGERPRINTS else SCHEDULER_STORE_SCHEMA_VERSION
 
 
-def _shape_check(table: str, version: int) -> Check:
-    return lambda connection: catalog._verify_table_shapes(connection, [table], version)
+def _shape_check(table: str, version: int, target: SchemaTarget) -> Check:
+    return lambda connection: catalog._verify_table_shapes(connection, [table], version, target)
 
 
-def _checks(version: int, present: list[str]) -> list[tuple[str, Check]]:
+def _checks(version: int, present: list[str], target: SchemaTarget) -> list[tuple[str, Check]]:
     # The step functions are the ones verify_schema runs, in its order (see catalog.verify_schema).
     checks: list[tuple[str, Check]] = [
-        ("integrity", catalog.assert_database_integrity),
-        ("tables", lambda c: catalog._verify_tables(c, version)),
-        ("identity", lambda c: catalog._verify_identity(c, version)),
+        ("integrity", lambda c: catalog.assert_database_integrity(c, target)),
+        ("tables", lambda c: catalog._verify_tables(c, version, target)),
+        ("identity", lambda c: catalog._verify_identity(c, version, target)),
     ]
     for name in (table for table in catalog.expected_tables(version) if table in present):
-        checks.append((f"columns:{name}", _shape_check(name, version)))
+        checks.append((f"columns:{name}", _shape_check(name, version, target)))
     checks += [
-        ("fingerprint", lambda c: catalog._verify_fingerprint(c, version)),
-        ("migration-history", lambda c: catalog._verify_history(c, version)),
-        ("indexes", lambda c: catalog._verify_indexes(c, version)),
-        ("foreign-keys", catalog._verify_foreign_keys),
+        ("fingerprint", lambda c: catalog._verify_fingerprint(c, version, target)),
+        ("migration-history", lambda c: catalog._verify_history(c, version, target)),
+        ("indexes", lambda c: catalog._verify_indexes(c, version, target)),
+        ("foreign-keys", lambda c: catalog._verify_foreign_keys(c, target)),
     ]
     return checks
 
@@ -140,26 +141,43 @@ def _run(name: str, check: Check, connection: Connection) -> Finding | None:
     return None
 
 
-def _unreadable(version: int, error: DBAPIError) -> Verification:
-    finding = Finding("integrity", catalog.SCHEMA_CORRUPT, f"not a readable SQLite database: {error.orig}")
+def _unreadable(version: int, reason: object) -> Verification:
+    finding = Finding("integrity", catalog.SCHEMA_CORRUPT, f"not a readable SQLite database: {reason}")
     return Verification(version, None, None, SCHEMA_FINGERPRINTS.get(version), ["integrity"], [finding])
 
 
-def verify_database(connection: Connection) -> Verification:
+def _shared_version(connection: Connection, target: SchemaTarget) -> int | None:
+    """A shared file's version: its ``migrations`` history (``None``: unreadable or unknown)."""
+    try:
+        return catalog.read_shared_version(connection, target)
+    except SchedulerKernelError:
+        return None
+
+
+def verify_database(connection: Connection, *, exclusive: bool = True) -> Verification:
     """Run every catalog check against the version the database claims; collect the findings.
 
     An empty database gets only the integrity check and one finding saying it is empty; a file
-    SQLite cannot read at all gets one integrity finding.
+    SQLite cannot read at all gets one integrity finding. A shared file (``exclusive=False``)
+    claims the version its ``migrations`` history records, and only the scheduler's objects
+    are checked (``scheduler.schema.catalog``).
     """
-    user_version = _user_version(connection)
-    version = _version_to_verify(user_version)
+    target = schema_target(connection, None, exclusive)  # main: no query
+    user_version = _user_version(connection) if exclusive else None
+    path = database_path(connection, target)
+    if path is not None and is_stray_file(path):  # SQLite reads it as an empty database
+        return _unreadable(_version_to_verify(user_version), NOT_A_DATABASE)
     try:
-        present = catalog.list_user_tables(connection)
-        fingerprint = catalog.schema_fingerprint(connection)
+        if not exclusive:
+            user_version = _shared_version(connection, target)
+        present = catalog.list_user_tables(connection, target)
+        fingerprint = catalog.schema_fingerprint(connection, target)
     except DBAPIError as error:
-        return _unreadable(version, error)
+        return _unreadable(_version_to_verify(user_version), error.orig)
+    version = _version_to_verify(user_version)
     empty = not present
-    checks = _checks(version, present)[:1] if empty else _checks(version, present)
+    checks = _checks(version, present, target)
+    checks = checks[:1] if empty else checks
     names = [name for name, _ in checks]
     findings = [finding for name, check in checks if (finding := _run(name, check, connection))]
     if empty:

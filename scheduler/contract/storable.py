@@ -6,7 +6,7 @@ JavaScript's UTF-8 conversion writes U+FFFD instead, so the original reads back 
 and Python's driver refuses the string. PostgreSQL ``text`` cannot hold U+0000 at all. So that
 both backends keep every stored string identically, the store refuses both, with
 ``SCHEDULER_INVALID_ARGUMENT``, before anything is read or written. This is a decided difference
-from the original (docs/architecture.md, "Hostile strings").
+from the original (docs/design/architecture.md, "Hostile strings").
 
 The rule applies at the store boundary only: to every identifier a store method takes (directly or
 inside an authority envelope, a principal, a capability list or a migration plan's keys) and to

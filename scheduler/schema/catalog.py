@@ -28,6 +28,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.schema import ddl, pg_catalog, versions
+from scheduler.schema.sqlite_file import refuse_stray_file
 from scheduler.schema.target import (
     SCHEMA_CORRUPT,
     SCHEMA_UNKNOWN,
@@ -387,7 +388,8 @@ def read_shared_version(connection: Connection, target: SchemaTarget) -> int:
 
 
 def inspect_sqlite(connection: Connection, target: SchemaTarget) -> int:
-    """``inspect_database`` on SQLite (see there)."""
+    """``inspect_database`` on SQLite (see there); a stray 1-byte file is refused first."""
+    refuse_stray_file(connection, target)
     assert_database_integrity(connection, target)
     if not target.exclusive:
         version = read_shared_version(connection, target)

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, insert
 
-from scheduler.contract.errors import invalid_argument
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema import ddl, pg_catalog, pg_ddl
 from scheduler.schema import tables as t
@@ -221,7 +221,9 @@ def inspect_database(connection: Connection, *, schema: str | None = None, exclu
     schema) needs a ``migrations`` table (``SCHEDULER_SCHEMA_UNKNOWN``, details
     ``{"tables": [...]}``); a v1..v5 database is verified exactly as that version; for v6 the
     caller verifies (``verify_schema``). The version is ``user_version`` on an exclusive SQLite
-    database and the ``migrations`` history otherwise. Read-only.
+    database and the ``migrations`` history otherwise. A stray 1-byte file, which SQLite itself
+    takes for an empty database, is ``SCHEDULER_SCHEMA_CORRUPT`` like any file that is not an
+    SQLite database. Read-only.
     """
     target = resolve(connection, schema, exclusive)
     if target.is_postgresql:
@@ -292,22 +294,44 @@ def initialize_or_upgrade(
     catalog. SQLite: the caller's transaction must be ``BEGIN IMMEDIATE`` (the write lock makes
     inspect-then-upgrade atomic). PostgreSQL: a READ COMMITTED transaction; when something is
     to be done the schema's advisory lock is taken and the schema re-inspected under it, so of
-    two processes opening an empty database one creates and the other waits, then verifies.
-    Raises ``SCHEDULER_SCHEMA_*`` (nothing written: the caller rolls back).
+    two processes opening an empty or older schema one creates or upgrades it and the other
+    waits, then verifies; an unlocked inspection that another process's upgrade changed under
+    it is decided again under the lock. Raises ``SCHEDULER_SCHEMA_*`` (nothing written: the
+    caller rolls back).
     """
     validate_now(now)
     target = resolve(connection, schema, exclusive)
-    version = inspect_database(connection, schema=target.schema, exclusive=target.exclusive)
-    if version != LATEST_VERSION:
-        _require_transaction(connection, target)
-        if target.is_postgresql:
-            pg_ddl.lock_schema(connection, target)
-            version = inspect_database(connection, schema=target.schema)
-        apply_upgrade(connection, version, now, schema=target.schema, exclusive=target.exclusive)
-        verify_schema(connection, LATEST_VERSION, schema=target.schema, exclusive=target.exclusive)
-    else:
-        verify_catalog(connection, LATEST_VERSION, schema=target.schema, exclusive=target.exclusive)
+    try:
+        version = inspect_database(connection, schema=target.schema, exclusive=target.exclusive)
+        if version == LATEST_VERSION:
+            verify_catalog(connection, LATEST_VERSION, schema=target.schema, exclusive=target.exclusive)
+            return version
+    except SchedulerKernelError as refusal:
+        if not _may_be_a_concurrent_upgrade(refusal, target):
+            raise
+    _require_transaction(connection, target)
+    if target.is_postgresql:
+        pg_ddl.lock_schema(connection, target)
+        version = inspect_database(connection, schema=target.schema)
+    apply_upgrade(connection, version, now, schema=target.schema, exclusive=target.exclusive)
+    verify_schema(connection, LATEST_VERSION, schema=target.schema, exclusive=target.exclusive)
     return version
+
+
+def _may_be_a_concurrent_upgrade(refusal: SchedulerKernelError, target: SchemaTarget) -> bool:
+    """Whether a refusal of the unlocked inspection is decided again under the schema's lock.
+
+    On PostgreSQL (READ COMMITTED) each statement of the inspection reads the latest commit, so
+    another process's upgrade committing between two of them shows half the old catalog and half
+    the new one. Once the lock is held (that upgrade committed), the inspection is repeated and
+    its answer stands. A check that could not run (a driver error) is not repeated: the
+    transaction is aborted. On SQLite the caller's transaction is one snapshot already.
+    """
+    return (
+        target.is_postgresql
+        and refusal.code.startswith("SCHEDULER_SCHEMA_")
+        and refusal.__cause__ is None
+    )
 
 
 __all__ = [

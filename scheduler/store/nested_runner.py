@@ -22,7 +22,7 @@ from scheduler.store.fastpath import FastPath
 from scheduler.store.runner_base import RunnerBase, T
 from scheduler.store.telemetry import StateChanges, collect, emit_all
 from scheduler.store.tx import Clock, Tx
-from scheduler.store.wakeups import wakes_workers
+from scheduler.store.wakeups import settles_runs, wakes_workers
 
 
 def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:
@@ -57,6 +57,8 @@ class NestedRunner(RunnerBase):
         """A ``transaction()`` block of a store that owns its transaction (it may ``NOTIFY``)."""
         self.wakes = False
         """A block's operations made work claimable (the owning store notifies at COMMIT)."""
+        self.settles = False
+        """A block's operations ended an occurrence (see ``OwnedRunner.notify_settled``)."""
 
     def mark_wakes(self) -> None:
         """Ask the owning store to wake idle workers when this block commits."""
@@ -126,7 +128,9 @@ class NestedRunner(RunnerBase):
             tx.flush_writes()
             changes = collect(tx)
             savepoint.commit()
-            self.wakes = self.wakes or (self.owned_block and wakes_workers(tx.events))
+            if self.owned_block:
+                self.wakes = self.wakes or wakes_workers(tx.events)
+                self.settles = self.settles or settles_runs(tx.events)
             if self.sink is None:
                 changes.emit()
             else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -19,24 +19,24 @@ from sqlalchemy.pool import NullPool, StaticPool
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
-from scheduler.schema.catalog import verify_catalog, verify_schema
-from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
 from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
-from scheduler.schema.upgrade import apply_upgrade, inspect_database
 from scheduler.store import files, opening_postgresql
 from scheduler.store.checkpoints import WalCheckpoints, journal_size_limit_pragma
 from scheduler.store.clock import wall_clock
 from scheduler.store.dialects.sqlite import (
     CHECKPOINT_ON_CLOSE,
     DURABILITY_PRAGMAS,
-    FILE_PRAGMAS,
-    JOURNAL_MODE,
     open_pragmas,
 )
-from scheduler.store.dialects.sqlite import begin_transaction as begin_sqlite_transaction
 from scheduler.store.dialects.sqlite import driver_in_transaction as sqlite_driver_in_transaction
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.failures import classify_storage_failure
+from scheduler.store.opening_sqlite import (
+    OpenProgress,
+    initialize_or_upgrade,
+    pragma,
+    pragma_value,
+    switch_to_wal,
+)
 from scheduler.store.runner_base import SERVER_CLOCK
 from scheduler.store.session import OwnedRunner
 from scheduler.store.tx import Clock
@@ -193,79 +193,6 @@ def _own_engine(url: str, path: Path | None, timeout_ms: int) -> Engine:
     return engine
 
 
-def _pragma(conn: Connection, sql: str) -> None:
-    # On the driver connection: outside any transaction (foreign_keys and journal_mode are no-ops
-    # or errors inside one), and untouched by an engine's own "begin" hooks.
-    dbapi_connection: Any = conn.connection.dbapi_connection
-    dbapi_connection.execute(sql).close()
-
-
-def _pragma_value(conn: Connection, sql: str) -> Any:
-    dbapi_connection: Any = conn.connection.dbapi_connection
-    cursor = dbapi_connection.execute(sql)
-    try:
-        return cursor.fetchone()[0]
-    finally:
-        cursor.close()
-
-
-@dataclass
-class _OpenProgress:
-    """What an ``open_store`` has written so far, for a truthful ``commitState`` on failure."""
-
-    committing: bool = False  # a COMMIT (or journal mode switch) is running: outcome unknown
-    committed: bool = False  # something was committed (an upgrade, the WAL switch)
-
-    @contextmanager
-    def commit(self) -> Iterator[None]:
-        self.committing = True
-        yield
-        self.committing = False
-        self.committed = True
-
-    def failure(self, cause: BaseException) -> SchedulerKernelError | None:
-        """``SCHEDULER_STORAGE_UNAVAILABLE`` (phase ``open``) for a storage failure or contention.
-
-        Lock contention (``SQLITE_BUSY``, even at COMMIT) changes nothing, so it is retryable
-        unless an earlier write of this open was committed.
-        """
-        written = self.committed or self.committing
-        return classify_storage_failure(
-            cause,
-            phase="open",
-            commit_state="unknown" if written else "not_committed",
-            contention_state="unknown" if self.committed else "not_committed",
-        )
-
-
-def _initialize_or_upgrade(conn: Connection, now: int, progress: _OpenProgress, target: SchemaTarget) -> None:
-    """Create an empty database or upgrade v1..v5 to v6 in ONE ``BEGIN IMMEDIATE`` transaction."""
-    schema, exclusive = target.schema, target.exclusive
-    version = inspect_database(conn, schema=schema, exclusive=exclusive)  # runs quick_check
-    conn.commit()
-    if version == SCHEDULER_STORE_SCHEMA_VERSION:
-        # quick_check just passed
-        verify_catalog(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema, exclusive=exclusive)
-    else:
-        transaction = conn.begin()
-        try:
-            begin_sqlite_transaction(conn)
-            # Re-inspect under the write lock: another process may have upgraded meanwhile.
-            version = inspect_database(conn, schema=schema, exclusive=exclusive)
-            if version == SCHEDULER_STORE_SCHEMA_VERSION:
-                transaction.commit()
-            else:
-                apply_upgrade(conn, version, now, schema=schema, exclusive=exclusive)
-                with progress.commit():
-                    transaction.commit()
-        except BaseException:
-            with suppress(Exception):
-                transaction.rollback()
-            raise
-        verify_schema(conn, SCHEDULER_STORE_SCHEMA_VERSION, schema=schema, exclusive=exclusive)
-    conn.commit()
-
-
 def owns_file(schema: str | None, exclusive: bool) -> bool:
     """Whether the store owns the connection's main file: the original's dedicated layout.
 
@@ -286,25 +213,17 @@ def _configure_shared(conn: Connection, target: SchemaTarget, given_engine: bool
     attached files too); ``synchronous`` only for the scheduler's schema.
     """
     if given_engine:
-        if int(_pragma_value(conn, "PRAGMA foreign_keys")) != 1:
+        if int(pragma_value(conn, "PRAGMA foreign_keys")) != 1:
             raise invalid_argument(
                 "The application's connection has foreign_keys off: the scheduler's tables need "
                 "PRAGMA foreign_keys = ON on every connection (scheduler.sqlite_engine sets it)"
             )
-        conn.info[_PRIOR_BUSY_TIMEOUT] = int(_pragma_value(conn, "PRAGMA busy_timeout"))
+        conn.info[_PRIOR_BUSY_TIMEOUT] = int(pragma_value(conn, "PRAGMA busy_timeout"))
     else:
-        for pragma in open_pragmas():
-            _pragma(conn, pragma)
-    _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
+        for statement in open_pragmas():
+            pragma(conn, statement)
+    pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
     conn.info[_CHECKPOINT_SCHEMA] = target.schema
-
-
-def _set_file_pragmas(conn: Connection, progress: _OpenProgress) -> None:
-    if str(_pragma_value(conn, JOURNAL_MODE)).lower() == "wal":
-        return
-    with progress.commit():  # switching to WAL rewrites the file header
-        for pragma in FILE_PRAGMAS:
-            _pragma(conn, pragma)
 
 
 def _connect(
@@ -312,7 +231,7 @@ def _connect(
     path: Path | None,
     timeout_ms: int,
     now: int,
-    progress: _OpenProgress,
+    progress: OpenProgress,
     schema: str | None,
     exclusive: bool,
     given_engine: bool,
@@ -333,15 +252,15 @@ def _connect(
         if not own:
             _configure_shared(conn, target, given_engine, timeout_ms)
         else:
-            for pragma in open_pragmas():
-                _pragma(conn, pragma)
-            _pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
-        _initialize_or_upgrade(conn, now, progress, target)
+            for statement in open_pragmas():
+                pragma(conn, statement)
+            pragma(conn, f"PRAGMA busy_timeout = {int(timeout_ms)}")
+        initialize_or_upgrade(conn, now, progress, target)
         if path is not None and own:
-            _set_file_pragmas(conn, progress)
-            _pragma(conn, journal_size_limit_pragma())  # per connection (checkpoints.py)
-        for pragma in DURABILITY_PRAGMAS:
-            _pragma(conn, pragma if own else target.pragma(pragma.removeprefix("PRAGMA ")))
+            switch_to_wal(conn, progress, timeout_ms)
+            pragma(conn, journal_size_limit_pragma())  # per connection (checkpoints.py)
+        for statement in DURABILITY_PRAGMAS:
+            pragma(conn, statement if own else target.pragma(statement.removeprefix("PRAGMA ")))
     except BaseException:
         _release(conn, checkpoint=False)
         raise
@@ -362,16 +281,16 @@ def _checkpoint(conn: Connection) -> None:
     With ``busy_timeout`` 0 a TRUNCATE checkpoint that another connection blocks degrades to a
     passive one (as much as the readers allow) instead of making ``close()`` wait.
     """
-    timeout = int(_pragma_value(conn, "PRAGMA busy_timeout"))
-    _pragma(conn, "PRAGMA busy_timeout = 0")
+    timeout = int(pragma_value(conn, "PRAGMA busy_timeout"))
+    pragma(conn, "PRAGMA busy_timeout = 0")
     schema = conn.info.get(_CHECKPOINT_SCHEMA)
     statement = CHECKPOINT_ON_CLOSE
     if schema is not None:  # shared/attached: only the scheduler's database file
         statement = statement.replace("PRAGMA ", f"PRAGMA {quote_identifier(schema)}.", 1)
     try:
-        _pragma(conn, statement)
+        pragma(conn, statement)
     finally:
-        _pragma(conn, f"PRAGMA busy_timeout = {timeout}")
+        pragma(conn, f"PRAGMA busy_timeout = {timeout}")
 
 
 def _restore_isolation(conn: Connection) -> None:
@@ -405,7 +324,7 @@ def _release(conn: Connection, *, checkpoint: bool) -> None:
     opening_postgresql.close_quietly(conn)
 
 
-def _open_failure(cause: BaseException, progress: _OpenProgress) -> SchedulerKernelError:
+def _open_failure(cause: BaseException, progress: OpenProgress) -> SchedulerKernelError:
     """The error ``open_store`` raises for ``cause``.
 
     Storage failures and lock contention are ``SCHEDULER_STORAGE_UNAVAILABLE`` even when the
@@ -497,7 +416,7 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
     exclusive, path = options.exclusive, place.path
     now = normalize_epoch_ms(valid_clock(), "clock result")
     secure_files = owns_file(schema, exclusive)
-    progress = _OpenProgress()
+    progress = OpenProgress()
     engine: Engine | None = given_engine
     try:
         if path is not None:
@@ -555,7 +474,7 @@ def _open_postgresql(
     except BaseException as cause:
         if owns_engine:
             _dispose(engine)
-        failure = _open_failure(cause, _OpenProgress())
+        failure = _open_failure(cause, OpenProgress())
         if failure is cause:
             raise
         raise failure from (cause.__cause__ if isinstance(cause, SchedulerKernelError) else cause)

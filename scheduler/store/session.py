@@ -24,6 +24,7 @@ from sqlalchemy import Connection
 
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.checkpoints import WalCheckpoints
+from scheduler.store.cycle_statement import PendingCycle
 from scheduler.store.dialects.postgresql import IN_FAILED_TRANSACTION
 from scheduler.store.dialects.sqlite import BEGIN_READ, BEGIN_WRITE
 from scheduler.store.failures import classify_storage_failure, storage_unavailable
@@ -32,7 +33,7 @@ from scheduler.store.nested_runner import NestedRunner, block_runner
 from scheduler.store.runner_base import RunnerBase, T
 from scheduler.store.telemetry import collect, emit_all
 from scheduler.store.tx import RestartTransaction, Tx, WholeCycleMissed
-from scheduler.store.wakeups import send_wakeup, wake_channel, wakes_workers
+from scheduler.store.wakeups import send_wakeup, settle_channel, settles_runs, wake_channel, wakes_workers
 
 
 class OwnedRunner(RunnerBase):
@@ -53,6 +54,9 @@ class OwnedRunner(RunnerBase):
     timeout and isolation level), so a store that reconnected runs exactly as before."""
     _prepared_driver: Any = None
     wal: WalCheckpoints | None = None
+    notify_settled: bool = False
+    """Also notify the settle channel from a transaction that ended an occurrence
+    (:mod:`scheduler.store.wakeups`; the Tasks layer's result waiters listen there)."""
 
     @property
     def wake_channel(self) -> str | None:
@@ -180,11 +184,18 @@ class OwnedRunner(RunnerBase):
         restartable call with named statements that wakes no worker: the notification must
         precede the ``COMMIT``)."""
         woken = wakes_workers(tx.events)
-        if fast is not None and fast.sends_commit and tx.restartable and not woken:
+        watched = not woken and self.notify_settled and self._may_settle(tx)
+        if fast is not None and fast.sends_commit and tx.restartable and not woken and not watched:
             tx.flush_writes(commit=True)
             return
         tx.flush_writes()
-        self._notify_if_woken(woken)
+        self._notify_if_woken(woken, settled=watched and settles_runs(tx.events))
+
+    @staticmethod
+    def _may_settle(tx: Tx) -> bool:
+        """Whether the call ended an occurrence, or may have in its writes statement (a whole
+        cycle left to it: its settlement's events are known once it ran)."""
+        return isinstance(tx.pick, PendingCycle) or settles_runs(tx.events)
 
     def _commit(self, transaction: Any, fast: FastPath | None) -> None:
         """COMMIT: the SQLAlchemy transaction begun (or auto-begun by a statement SQLAlchemy
@@ -204,13 +215,16 @@ class OwnedRunner(RunnerBase):
         elif fast is not None:
             fast.commit(self.conn)
 
-    def _notify_if_woken(self, woken: bool) -> None:
-        """One ``NOTIFY`` in this store-owned transaction when it made work claimable (API §9)."""
-        channel = self.wake_channel
-        if woken and channel is not None:
-            if self.fastpath is not None:
-                self.fastpath.ensure_begun(self.conn)
-            send_wakeup(self.conn, channel)
+    def _notify_if_woken(self, woken: bool, *, settled: bool = False) -> None:
+        """At most one ``NOTIFY`` in this store-owned transaction: on the work channel when it
+        made work claimable (API §9), else on the settle channel when it ended an occurrence and
+        ``notify_settled`` is on."""
+        if not self.target.is_postgresql or not (woken or settled):
+            return
+        schema = self.target.schema
+        if self.fastpath is not None:
+            self.fastpath.ensure_begun(self.conn)
+        send_wakeup(self.conn, wake_channel(schema) if woken else settle_channel(schema))
 
     def _rollback(self, transaction: Any) -> bool:
         fast = self.fastpath
@@ -259,7 +273,7 @@ class OwnedRunner(RunnerBase):
                 except BaseException:
                     self._rollback(transaction)
                     raise
-                self._commit_block(transaction, inner.wakes)
+                self._commit_block(transaction, inner.wakes, settled=self.notify_settled and inner.settles)
                 emit_all(inner.sink or ())
             finally:
                 inner.finish()
@@ -281,10 +295,10 @@ class OwnedRunner(RunnerBase):
             raise classified from error
         return transaction, block_runner(self, owned_block=True)
 
-    def _commit_block(self, transaction: Any, woken: bool) -> None:
+    def _commit_block(self, transaction: Any, woken: bool, *, settled: bool = False) -> None:
         notified = False
         try:
-            self._notify_if_woken(woken)
+            self._notify_if_woken(woken, settled=settled)
             notified = True
             transaction.commit()
         except Exception as error:

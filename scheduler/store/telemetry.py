@@ -4,18 +4,20 @@ Every state change already appends an ``events`` row (``Tx.insert_events``). The
 the operation turns the rows of a committed transaction into one log record each, on the
 ``scheduler.events`` logger, with structured ``extra`` fields: ``event`` (the event type), ``state``
 (``claimed``, ``renewed``, ``settled``, ``retried``, ``dead-lettered``, ``reclaimed``, ``swept``,
-``cancelled``, …),
-``occurrence``, ``job``, ``kind``, ``owner``, ``fence``, ``attempt``. Records are emitted after
+``cancelled``, …), ``occurrence``, ``job``, ``kind``, ``owner``, ``fence``, ``attempt`` and
+``duration_ms`` (how long the handler ran, on the settlement records of a worker's settle:
+:func:`handler_timing`; ``None`` elsewhere). Records are emitted after
 COMMIT when the store owns the transaction (``store.transaction()``: after the block commits; nothing
 for a rolled-back one), and at the end of each operation inside a caller's transaction
 (``SchedulerStore.on_connection``), which the caller may still roll back.
 ``SCHEDULER_LEASE_LOST`` is logged where it is raised (:func:`log_lease_lost`).
 
 Metrics go through the OpenTelemetry API when ``opentelemetry-api`` is installed and an SDK meter
-provider is configured (``pip install 'scheduler[otel]'``); otherwise they cost nothing:
+provider is configured (``pip install 'scheduler-kernel[otel]'``); otherwise they cost nothing:
 ``scheduler.claims`` and ``scheduler.settlements`` (counters), ``scheduler.claim.latency`` (histogram,
-ms from ``available_at`` to the claim) and ``scheduler.queue.depth`` (gauge by kind and status,
-see :func:`observe_queue_depth`).
+ms from ``available_at`` to the claim), ``scheduler.handler.duration`` (histogram, ms a worker's
+handler ran, by kind and outcome: :func:`record_handler_duration`) and ``scheduler.queue.depth``
+(gauge by kind and status, see :func:`observe_queue_depth`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from sqlalchemy import bindparam, select
 
@@ -55,6 +59,7 @@ STATES: Final[Mapping[str, tuple[str, int]]] = {
     "occurrence_paused": ("paused", _INFO),
     "occurrence_resume_requested": ("resumed", _INFO),
     "occurrence_requeued": ("requeued", _INFO),
+    "occurrence_released": ("released", _INFO),
     "occurrence_cancelled": ("cancelled", _WARNING),
     "occurrence_adjudication_recorded": ("adjudicated", _INFO),
 }
@@ -66,6 +71,17 @@ _SETTLEMENT_OUTCOMES: Final = {
     "occurrence_dead_lettered": "dead_lettered",
 }
 _CLAIMS: Final = ("occurrence_claimed", "occurrence_reclaimed")
+
+
+NAMED_FIELDS: Final = ("occurrence", "job", "kind", "attempt", "fence")
+"""The ``extra`` fields a text log message names (``owner`` stays in ``extra`` only)."""
+
+
+def describe(fields: Mapping[str, object]) -> str:
+    """``occurrence=… job=… kind=… attempt=… fence=…``: the fields of ``fields`` that are set, for
+    the message of a record, so a plain text log names what it is about (JSON logs have the
+    same fields as attributes)."""
+    return " ".join(f"{name}={fields[name]}" for name in NAMED_FIELDS if fields.get(name) is not None)
 
 
 def _state(row: Mapping[str, Any], data: Mapping[str, Any]) -> tuple[str, int]:
@@ -117,6 +133,9 @@ class _Metrics:
                 "latency": meter.create_histogram(
                     "scheduler.claim.latency", unit="ms", description="Time from available_at to the claim"
                 ),
+                "handler": meter.create_histogram(
+                    "scheduler.handler.duration", unit="ms", description="How long a worker's handler ran"
+                ),
             }
         return self._instruments
 
@@ -134,6 +153,40 @@ def record_claim_latency(occurrence: Occurrence, kind: str | None = None) -> Non
     if instruments is not None:
         waited = max(0, occurrence.updated_at - occurrence.available_at)
         instruments["latency"].record(waited, {"kind": kind or ""})
+
+
+def record_handler_duration(kind: str, outcome: str, duration_ms: float) -> None:
+    """Record how long a handler ran (ms): ``outcome`` is ``succeeded`` or ``failed`` (what the
+    worker settles), or ``paused`` / ``abandoned`` (nothing settled)."""
+    instruments = METRICS.instruments()
+    if instruments is not None:
+        instruments["handler"].record(duration_ms, {"kind": kind, "outcome": outcome})
+
+
+class HandlerTiming(NamedTuple):
+    occurrence_id: str
+    duration_ms: float
+
+
+_TIMING: ContextVar[HandlerTiming | None] = ContextVar("scheduler_handler_timing", default=None)
+
+
+@contextmanager
+def handler_timing(occurrence_id: str, duration_ms: float | None) -> Iterator[None]:
+    """While a worker settles ``occurrence_id``, the settlement records of that occurrence carry
+    ``duration_ms`` (and say it in their message)."""
+    token = _TIMING.set(None if duration_ms is None else HandlerTiming(occurrence_id, duration_ms))
+    try:
+        yield
+    finally:
+        _TIMING.reset(token)
+
+
+def _handler_duration(row: Mapping[str, Any]) -> float | None:
+    timing = _TIMING.get()
+    if timing is None or row["event_type"] not in _SETTLEMENT_OUTCOMES:
+        return None
+    return timing.duration_ms if row["occurrence_id"] == timing.occurrence_id else None
 
 
 def observe_queue_depth(read_depth: Callable[[], Iterable[tuple[str, str, int]]]) -> bool:
@@ -193,6 +246,7 @@ class StateChanges:
         state, level = _state(row, data)
         kind = self.kinds.get(row["job_id"])
         if events_log.isEnabledFor(level):
+            duration = _handler_duration(row)
             extra = {
                 "event": row["event_type"],
                 "state": state,
@@ -202,9 +256,14 @@ class StateChanges:
                 "owner": row["owner_id"],
                 "fence": row["fence"],
                 "attempt": data.get("attempt"),
+                "duration_ms": duration,
             }
-            subject = row["occurrence_id"] or row["job_id"]
-            events_log.log(level, "%s %s", state, subject, extra=extra)
+            if duration is None:
+                events_log.log(level, "%s %s", state, describe(extra), extra=extra)
+            else:
+                events_log.log(
+                    level, "%s %s (handler %.1f ms)", state, describe(extra), duration, extra=extra
+                )
         if self.metrics is not None:
             self._count(row["event_type"], data, kind or "")
 
@@ -272,17 +331,15 @@ def log_lease_lost(
     occurrence_id: str, *, owner_id: str | None = None, fence: int | None = None, job_id: str | None = None
 ) -> None:
     """The ``lease lost`` record, logged where ``SCHEDULER_LEASE_LOST`` is raised."""
-    leases_log.warning(
-        "lease lost %s",
-        occurrence_id,
-        extra={
-            "event": "lease_lost",
-            "state": "lease lost",
-            "occurrence": occurrence_id,
-            "job": job_id,
-            "kind": None,
-            "owner": owner_id,
-            "fence": fence,
-            "attempt": None,
-        },
-    )
+    extra = {
+        "event": "lease_lost",
+        "state": "lease lost",
+        "occurrence": occurrence_id,
+        "job": job_id,
+        "kind": None,
+        "owner": owner_id,
+        "fence": fence,
+        "attempt": None,
+        "duration_ms": None,
+    }
+    leases_log.warning("lease lost %s", describe(extra), extra=extra)

@@ -12,6 +12,13 @@ committing application transaction that enqueued. An outbox enqueue therefore re
 workers' polling (capped backoff, 2 s by default), or on an explicit
 :meth:`NotifyOperations.notify_workers` after the caller's COMMIT.
 
+Settlements (opt-in, for the Tasks layer's result waiters): a store whose ``notify_settled`` is on
+sends one ``pg_notify`` on the settle channel (:func:`settle_channel`) from an owned transaction
+that ended an occurrence (succeeded or dead-lettered) and made no work claimable; one that did
+both notifies the work channel only, which result waiters listen on too. So a transaction sends at
+most one notification, and the kernel's own stores (``notify_settled`` off) send none for a
+settlement: a NOTIFY serializes the commits of every transaction that sends one.
+
 SQLite has no ``NOTIFY``: nothing is sent there and workers poll.
 """
 
@@ -27,25 +34,34 @@ WAKE_EVENTS: Final = frozenset(
     {
         "occurrence_enqueued",
         "occurrence_requeued",
+        "occurrence_released",
         "occurrence_resume_requested",
         "occurrence_retry_scheduled",
         "occurrence_adjudication_recorded",
     }
 )
 """Event types after which an occurrence is (or becomes) claimable without a lease expiring."""
+SETTLE_EVENTS: Final = frozenset({"occurrence_succeeded", "occurrence_dead_lettered"})
+"""Event types that end an occurrence (a result waiter may stop waiting)."""
 CHANNEL_PREFIX: Final = "scheduler_work."
+SETTLE_CHANNEL_PREFIX: Final = "scheduler_done."
 _MAX_CHANNEL_BYTES: Final = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
 _NOTIFY: Final = text("SELECT pg_notify(:channel, '')")
 
 
-def wake_channel(schema: str) -> str:
+def wake_channel(schema: str, prefix: str = CHANNEL_PREFIX) -> str:
     """The ``LISTEN``/``NOTIFY`` channel of the scheduler schema ``schema``:
     ``scheduler_work.<schema>``, or ``scheduler_work.#<first 24 hex of sha256(schema)>`` when that
-    would exceed PostgreSQL's 63-byte identifier limit."""
-    channel = CHANNEL_PREFIX + schema
+    would exceed PostgreSQL's 63-byte identifier limit (``prefix``: another channel's)."""
+    channel = prefix + schema
     if len(channel.encode()) <= _MAX_CHANNEL_BYTES:
         return channel
-    return CHANNEL_PREFIX + "#" + hashlib.sha256(schema.encode()).hexdigest()[:24]
+    return prefix + "#" + hashlib.sha256(schema.encode()).hexdigest()[:24]
+
+
+def settle_channel(schema: str) -> str:
+    """The channel settlements of the schema ``schema`` notify: ``scheduler_done.<schema>``."""
+    return wake_channel(schema, SETTLE_CHANNEL_PREFIX)
 
 
 def wakes_workers(rows: Iterable[Mapping[str, Any]]) -> bool:
@@ -53,9 +69,24 @@ def wakes_workers(rows: Iterable[Mapping[str, Any]]) -> bool:
     return any(row["event_type"] in WAKE_EVENTS for row in rows)
 
 
+def settles_runs(rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a transaction that wrote these ``events`` rows ended an occurrence."""
+    return any(row["event_type"] in SETTLE_EVENTS for row in rows)
+
+
 def send_wakeup(conn: Connection, channel: str) -> None:
     """Queue one notification on ``channel`` in ``conn``'s transaction (delivered at COMMIT)."""
     conn.execute(_NOTIFY, {"channel": channel})
 
 
-__all__ = ["CHANNEL_PREFIX", "WAKE_EVENTS", "send_wakeup", "wake_channel", "wakes_workers"]
+__all__ = [
+    "CHANNEL_PREFIX",
+    "SETTLE_CHANNEL_PREFIX",
+    "SETTLE_EVENTS",
+    "WAKE_EVENTS",
+    "send_wakeup",
+    "settle_channel",
+    "settles_runs",
+    "wake_channel",
+    "wakes_workers",
+]

@@ -1,4 +1,4 @@
-"""``MODULE:ATTR`` → the handlers mapping a ``scheduler worker`` process runs."""
+"""``MODULE:ATTR`` → what a ``scheduler worker`` process runs (a handlers mapping, or a ``Tasks`` object)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from scheduler.contract.errors import invalid_argument
 
 
-def load_handlers(reference: str) -> Mapping[str, Any]:
+def load_attribute(reference: str) -> Any:
     """Import ``MODULE`` (the current directory is on the path, like ``python -m``) and return its
-    ``ATTR``: a mapping of job kind to handler. Anything else is ``SCHEDULER_INVALID_ARGUMENT``."""
+    ``ATTR`` (dotted attributes allowed); ``SCHEDULER_INVALID_ARGUMENT`` if either is missing."""
     module_name, separator, attribute = reference.partition(":")
     if not separator or not module_name or not attribute:
         raise invalid_argument(f"handlers must be given as MODULE:ATTR, not {reference!r}")
@@ -28,6 +28,13 @@ def load_handlers(reference: str) -> Mapping[str, Any]:
         if not hasattr(value, part):
             raise invalid_argument(f"{module_name!r} has no attribute {attribute!r}")
         value = getattr(value, part)
+    return value
+
+
+def load_handlers(reference: str) -> Mapping[str, Any]:
+    """:func:`load_attribute`, which must be a mapping of job kind to handler
+    (else ``SCHEDULER_INVALID_ARGUMENT``)."""
+    value = load_attribute(reference)
     if not isinstance(value, Mapping):
         raise invalid_argument(f"{reference} is not a mapping of job kind to handler")
     return value

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -44,9 +45,16 @@ class PollingWaker:
         self._condition = threading.Condition()
         self._generation = 0
 
-    def wait(self, timeout_s: float) -> bool:
+    @property
+    def generation(self) -> int:
+        """How many times :meth:`notify` was called: pass it to :meth:`wait` as ``since`` to be
+        woken by a notification that came after it was read, even before ``wait`` began."""
         with self._condition:
-            generation = self._generation
+            return self._generation
+
+    def wait(self, timeout_s: float, since: int | None = None) -> bool:
+        with self._condition:
+            generation = self._generation if since is None else since
             return self._condition.wait_for(
                 lambda: self._generation != generation, timeout=max(0.0, timeout_s)
             )
@@ -90,13 +98,15 @@ class ListenWaker:
     (the lanes are woken too, since notifications may have been missed); the lanes' polling
     covers the gap. :meth:`close` stops the thread and closes the connection (within about
     0.5 s). ``Worker`` uses one by default on PostgreSQL and starts and closes it in ``run()``.
+    ``channels``: listen on these instead (e.g. the settle channel too, for result waiters).
     """
 
-    def __init__(self, store: SchedulerStore) -> None:
+    def __init__(self, store: SchedulerStore, channels: Sequence[str] | None = None) -> None:
         channel = store.wake_channel
         if channel is None:
             raise invalid_argument("ListenWaker needs a store on PostgreSQL")
         self.channel: str = channel
+        self.channels: tuple[str, ...] = tuple(channels) if channels else (channel,)
         self._engine = store.connection.engine
         self._inner = PollingWaker()
         self._stopping = threading.Event()
@@ -105,8 +115,13 @@ class ListenWaker:
         self.notifications = 0
         """Notifications received so far (for tests and diagnostics)."""
 
-    def wait(self, timeout_s: float) -> bool:
-        return self._inner.wait(timeout_s)
+    @property
+    def generation(self) -> int:
+        """See :attr:`PollingWaker.generation`."""
+        return self._inner.generation
+
+    def wait(self, timeout_s: float, since: int | None = None) -> bool:
+        return self._inner.wait(timeout_s, since)
 
     def notify(self) -> None:
         self._inner.notify()
@@ -152,7 +167,8 @@ class ListenWaker:
         pooled.detach()  # LISTEN state must never go back to a pool
         try:
             driver.autocommit = True
-            driver.execute("LISTEN " + quote_identifier(self.channel))
+            for channel in self.channels:
+                driver.execute("LISTEN " + quote_identifier(channel))
             self._listening.set()
             self._inner.notify()  # work enqueued before LISTEN took effect
             while not self._stopping.is_set():
@@ -160,5 +176,7 @@ class ListenWaker:
                     self.notifications += 1
                     self._inner.notify()
         finally:
+            # Closed directly: the pool's close would first roll back, and on a connection the
+            # server ended (the failure logged above) log that rollback's error with a traceback.
             with suppress(Exception):
-                pooled.close()
+                driver.close()

@@ -1,7 +1,7 @@
 """Sizes, shared fixtures and the figures report of the reliability suite.
 
 ``SCHEDULER_RELIABILITY_SCALE`` selects the sizes: ``ci`` (default, what ``.ci/run`` uses) or
-``full`` (the figures in ``docs/reliability.md``). Single knobs can be overridden with
+``full`` (the figures in ``docs/design/reliability.md``). Single knobs can be overridden with
 ``SCHEDULER_RELIABILITY_<KNOB>`` (e.g. ``SCHEDULER_RELIABILITY_KILLS=50``).
 ``SCHEDULER_RELIABILITY_SEED`` fixes the random seed (default: a fresh one, printed in the
 figures). ``SCHEDULER_RELIABILITY_REPORT=<path>`` writes the figures as JSON at the end.

@@ -1,9 +1,11 @@
 """The shop's Alembic environment: a plain one, plus where the scheduler's tables live.
 
-The only scheduler-specific line tells the mounted revisions their schema (API §8:
-``config.attributes["scheduler.schema"]``); the shared-file layout needs none (``main``).
+The scheduler-specific lines tell the mounted revisions their schema (API §8:
+``config.attributes["scheduler.schema"]``; the shared-file layout needs none, ``main``) and keep
+autogenerate from proposing to drop the scheduler's tables (``scheduler.alembic_filters``).
 """
 
+import scheduler
 from alembic import context
 from shop.models import Base
 from shop.settings import Settings
@@ -24,7 +26,11 @@ def run_migrations_online() -> None:
     engine = settings.engine()
     try:
         with engine.connect() as connection:
-            context.configure(connection=connection, target_metadata=Base.metadata)
+            context.configure(
+                connection=connection,
+                target_metadata=Base.metadata,
+                **scheduler.alembic_filters(connection, schema=settings.scheduler_schema),
+            )
             with context.begin_transaction():
                 context.run_migrations()
     finally:

@@ -42,26 +42,28 @@ def place_order(engine: Engine, settings: Settings, order_id: str, total_cents: 
         session.add(Order(id=order_id, total_cents=total_cents))
         session.add(ShopEvent(order_id=order_id, kind="placed"))
         session.flush()
-        outbox(session, settings).enqueue_occurrence(
+        store = outbox(session, settings)
+        store.enqueue_occurrence_once_per_trigger(  # one receipt per order, due now
             job_id=RECEIPT_JOB,
-            scheduled_for=0,
+            scheduled_for=store.clock(),
             trigger_key=f"order:{order_id}",
             payload={"orderId": order_id},
         )
 
 
 def place_order_then_enqueue(engine: Engine, settings: Settings, order_id: str, total_cents: int) -> None:
-    """Dedicated file: two commits. The idempotent trigger key makes a retry after a crash
-    between them enqueue exactly once; a crash before the second leaves an order without one."""
+    """Dedicated file: two commits. The trigger key (once per trigger: whatever the time of the
+    retry) makes a retry after a crash between them enqueue exactly once; a crash before the second
+    leaves an order without one."""
     with Session(engine) as session, session.begin():
         scheduler.mark_writer(session)
         session.add(Order(id=order_id, total_cents=total_cents))
         session.add(ShopEvent(order_id=order_id, kind="placed"))
     options = settings.store_options()
     with scheduler.open_store(options.pop("target"), **options) as store:
-        store.enqueue_occurrence(
+        store.enqueue_occurrence_once_per_trigger(
             job_id=RECEIPT_JOB,
-            scheduled_for=0,
+            scheduled_for=store.clock(),
             trigger_key=f"order:{order_id}",
             payload={"orderId": order_id},
         )

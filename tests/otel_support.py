@@ -1,0 +1,41 @@
+"""The OpenTelemetry SDK in tests: an in-memory metric reader as the global meter provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scheduler.store import telemetry
+
+
+@pytest.fixture
+def meter_reader() -> Iterator[Any]:
+    """An ``InMemoryMetricReader`` whose provider is the global one for the test (restored after)."""
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    previous = metrics._internal._METER_PROVIDER  # the SDK allows one global provider per process
+    metrics._internal._METER_PROVIDER = provider
+    telemetry.METRICS.reset()
+    try:
+        yield reader
+    finally:
+        metrics._internal._METER_PROVIDER = previous
+        telemetry.METRICS.reset()
+        provider.shutdown()
+
+
+def metric_points(reader: Any) -> dict[str, list[Any]]:
+    """Every data point the reader collects now, by instrument name."""
+    points: dict[str, list[Any]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                points.setdefault(metric.name, []).extend(metric.data.data_points)
+    return points
