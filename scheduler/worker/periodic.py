@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.periodic_ticks import PeriodicState
 from scheduler.store.records import Job, Occurrence
+from scheduler.store.telemetry import describe
 from scheduler.worker.triggers import Tick, Trigger, TriggerError, due_ticks, parse_trigger
 
 if TYPE_CHECKING:
@@ -208,11 +209,8 @@ class PeriodicScheduler:
                 entry.fired = tick.at if entry.fired is None else max(entry.fired, tick.at)
                 if not occurrence.deduplicated:
                     created.append(occurrence)
-                    log.info(
-                        "fired %s",
-                        tick.key,
-                        extra={"job": entry.job.id, "kind": entry.job.kind, "occurrence": occurrence.id},
-                    )
+                    extra = {"occurrence": occurrence.id, "job": entry.job.id, "kind": entry.job.kind}
+                    log.info("fired %s %s", tick.key, describe(extra), extra=extra)
             if not fired.job_changed:
                 break
             entry.state = None  # changed since it was read: read it again
