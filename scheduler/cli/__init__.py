@@ -6,8 +6,8 @@ file shared with an application (the scheduler's tables beside its own, ``exclus
 detected and opened as such; ``--shared`` says so where nothing can be detected yet. Ids: every
 command that takes an id accepts a unique prefix; tables show short ids (``scheduler.cli.ids``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
-``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume`` and
-``prune`` write. Every read command takes ``--json``.
+``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume``,
+``prune`` and ``tasks cancel|retry`` write. Every read command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from scheduler import bench
-from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
+from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, tasks_cmd, worker_cmd
 from scheduler.cli.common import DbOption, SchemaOption, SharedOption, configure_logging, set_root_db
 
 app = typer.Typer(
@@ -58,6 +58,7 @@ app.add_typer(operator.migrations_app, name="migrations")
 app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
 app.command("worker")(worker_cmd.worker_command)
+app.add_typer(tasks_cmd.tasks_app, name="tasks")
 app.command("requeue")(ops.requeue_command)
 app.command("cancel")(ops.cancel_command)
 app.command("pause")(ops.pause_command)
