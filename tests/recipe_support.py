@@ -40,6 +40,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def page(port: int, path: str) -> tuple[int, str]:
+    """``(status, text)`` of one GET of an HTML page of the app."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 def request(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """``(status, JSON answer)`` of one HTTP request to the app."""
     data = None if body is None else json.dumps(body).encode()
@@ -127,6 +136,10 @@ def check_recipe(example: Path, command: Sequence[str], database: Database, tmp_
         assert code == 0, errors
         assert "settled" in errors  # the worker's log records
         assert request(port, "GET", "/orders") == (200, ["o-1", "o-2"])
+        if (example / "app.py").read_text().count("create_app(tasks)"):  # the mounted dashboard
+            for run_id in placed.values():
+                status, shown = page(port, f"/scheduler/run?id={run_id}")
+                assert status == 200 and "succeeded" in shown and "shop.send_receipt" in shown, shown[:500]
     runs = run_json("tasks", "list", "--db", database.cli_url)["runs"]
     assert sorted((run["args"]["order_id"], run["status"]) for run in runs) == [
         ("o-1", "succeeded"),

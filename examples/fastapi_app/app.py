@@ -3,7 +3,7 @@
 Run it (from this directory; SQLite by default, or a PostgreSQL URL):
 
     export SHOP_DATABASE_URL=sqlite+aiosqlite:///shop.sqlite     # postgresql+asyncpg://app@db/shop
-    uvicorn app:app                                               # the web app
+    uvicorn app:app                                               # the web app (dashboard: /scheduler/)
     scheduler worker app:tasks                                    # a worker (as many as you like)
 
     curl -X POST localhost:8000/orders -H 'content-type: application/json' \\
@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from scheduler import Tasks
+from scheduler.dashboard import create_app
 
 DATABASE_URL = os.environ.get("SHOP_DATABASE_URL", "sqlite+aiosqlite:///shop.sqlite")
 
@@ -81,9 +82,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 app = FastAPI(title="shop", lifespan=lifespan)
 
-# The dashboard (API §11) mounts here once `scheduler.dashboard` is released:
-#     from scheduler.dashboard import create_app
-#     app.mount("/scheduler", create_app(tasks))
+# The operators' dashboard (pip install "scheduler-kernel[dashboard]"), at /scheduler/.
+app.mount("/scheduler", create_app(tasks))
 
 
 class NewOrder(BaseModel):
