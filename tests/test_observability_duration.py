@@ -91,7 +91,8 @@ def test_a_settle_without_a_worker_carries_no_duration(
         store.settle(occurrence_id=occurrence_id, owner_id="me", fence=claimed.fence, outcome="succeeded")
     store.close()
     [record] = [r for r in caplog.records if getattr(r, "state", None) == "settled"]
-    assert record.duration_ms is None and record.getMessage() == f"settled {occurrence_id}"
+    named = f"occurrence={occurrence_id} job=mail kind=email attempt=1 fence=1"
+    assert record.duration_ms is None and record.getMessage() == f"settled {named}"
 
 
 def prometheus_block() -> str:

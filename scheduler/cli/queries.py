@@ -14,7 +14,6 @@ from sqlalchemy import Connection, func, select, table
 from scheduler.contract.constants import OCCURRENCE_STATUSES
 from scheduler.schema import tables as t
 from scheduler.schema.catalog import list_user_tables
-from scheduler.store.dialect import json_text_field
 from scheduler.store.files import storage_files
 from scheduler.store.records import Job, MigrationRecord, Occurrence
 from scheduler.store.rows import map_job, map_occurrence
@@ -40,40 +39,6 @@ def list_occurrences(
         query = query.where(columns.job_id == job_id)
     mapped = (map_occurrence(row) for row in connection.execute(query))
     return [occurrence for occurrence in mapped if occurrence is not None]
-
-
-def list_runs(
-    connection: Connection,
-    *,
-    queue: str | None,
-    task: str | None,
-    status: str | None,
-    code: str | None,
-    limit: int,
-) -> list[tuple[Occurrence, str | None]]:
-    """Task runs (occurrences) with their queue (job kind), most recently updated first,
-    optionally of one queue, task (job), status and last error code."""
-    columns, jobs = t.occurrences.c, t.jobs.c
-    query = (
-        select(t.occurrences, jobs.kind.label("job_kind"))
-        .join_from(t.occurrences, t.jobs, jobs.job_id == columns.job_id, isouter=True)
-        .order_by(columns.updated_at.desc(), columns.occurrence_id)
-        .limit(limit)
-    )
-    if queue is not None:
-        query = query.where(jobs.kind == queue)
-    if task is not None:
-        query = query.where(columns.job_id == task)
-    if status is not None:
-        query = query.where(columns.status == status)
-    if code is not None:
-        query = query.where(json_text_field(columns.last_error_json, "code") == code)
-    runs: list[tuple[Occurrence, str | None]] = []
-    for row in connection.execute(query):
-        occurrence = map_occurrence(row)
-        if occurrence is not None:
-            runs.append((occurrence, row.job_kind))
-    return runs
 
 
 def occurrence_status_counts(connection: Connection, *, job_id: str | None = None) -> dict[str, int]:

@@ -26,6 +26,7 @@ from scheduler.store.occurrences import OccurrenceOperations
 from scheduler.store.periodic_ticks import PeriodicTickOperations
 from scheduler.store.prune import PruneOperations
 from scheduler.store.records import MigrationRecord, SchemaInfo
+from scheduler.store.release import ReleaseOperations
 from scheduler.store.runner_base import SERVER_CLOCK, Runner
 from scheduler.store.runtime_control import RuntimeControlOperations
 from scheduler.store.session import OwnedRunner
@@ -53,6 +54,7 @@ class SchedulerStore(
     JobOperations,
     OccurrenceOperations,
     LeaseOperations,
+    ReleaseOperations,
     HistoryOperations,
     AuthorityOperations,
     AdjudicationOperations,

@@ -98,20 +98,24 @@ transaction it waited for wrote there (a pause request, whose writer holds the o
 would be missed. Read after this statement, they are as that transaction left them."""
 
 
+def live_lease() -> Any:
+    """``WHERE`` the occurrence ``p_id`` is running under ``p_owner``'s lease at ``p_fence``,
+    unexpired at ``p_now`` (a new clause on each call)."""
+    return and_(
+        _o.c.occurrence_id == bindparam("p_id"),
+        row_check(_o.c.status == RUNNING),
+        _o.c.lease_owner == bindparam("p_owner"),
+        _o.c.fence == bindparam("p_fence"),
+        _o.c.lease_expires_at > bindparam("p_now"),
+    )
+
+
 def _settle_update(*, guarded: bool) -> Any:
     """The settlement ``UPDATE`` of a live lease (a new statement on each call); ``guarded``:
     checking the row still has no control, reservation or adjudication (``_SETTLE_GUARDED``)."""
     statement = (
         update(_o)
-        .where(
-            and_(
-                _o.c.occurrence_id == bindparam("p_id"),
-                row_check(_o.c.status == RUNNING),
-                _o.c.lease_owner == bindparam("p_owner"),
-                _o.c.fence == bindparam("p_fence"),
-                _o.c.lease_expires_at > bindparam("p_now"),
-            )
-        )
+        .where(live_lease())
         .values(
             status=bindparam("p_status"),
             available_at=bindparam("p_available"),

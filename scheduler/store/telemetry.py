@@ -59,6 +59,7 @@ STATES: Final[Mapping[str, tuple[str, int]]] = {
     "occurrence_paused": ("paused", _INFO),
     "occurrence_resume_requested": ("resumed", _INFO),
     "occurrence_requeued": ("requeued", _INFO),
+    "occurrence_released": ("released", _INFO),
     "occurrence_cancelled": ("cancelled", _WARNING),
     "occurrence_adjudication_recorded": ("adjudicated", _INFO),
 }
@@ -70,6 +71,17 @@ _SETTLEMENT_OUTCOMES: Final = {
     "occurrence_dead_lettered": "dead_lettered",
 }
 _CLAIMS: Final = ("occurrence_claimed", "occurrence_reclaimed")
+
+
+NAMED_FIELDS: Final = ("occurrence", "job", "kind", "attempt", "fence")
+"""The ``extra`` fields a text log message names (``owner`` stays in ``extra`` only)."""
+
+
+def describe(fields: Mapping[str, object]) -> str:
+    """``occurrence=… job=… kind=… attempt=… fence=…``: the fields of ``fields`` that are set, for
+    the message of a record, so a plain text log names what it is about (JSON logs have the
+    same fields as attributes)."""
+    return " ".join(f"{name}={fields[name]}" for name in NAMED_FIELDS if fields.get(name) is not None)
 
 
 def _state(row: Mapping[str, Any], data: Mapping[str, Any]) -> tuple[str, int]:
@@ -246,11 +258,12 @@ class StateChanges:
                 "attempt": data.get("attempt"),
                 "duration_ms": duration,
             }
-            subject = row["occurrence_id"] or row["job_id"]
             if duration is None:
-                events_log.log(level, "%s %s", state, subject, extra=extra)
+                events_log.log(level, "%s %s", state, describe(extra), extra=extra)
             else:
-                events_log.log(level, "%s %s (handler %.1f ms)", state, subject, duration, extra=extra)
+                events_log.log(
+                    level, "%s %s (handler %.1f ms)", state, describe(extra), duration, extra=extra
+                )
         if self.metrics is not None:
             self._count(row["event_type"], data, kind or "")
 
@@ -318,18 +331,15 @@ def log_lease_lost(
     occurrence_id: str, *, owner_id: str | None = None, fence: int | None = None, job_id: str | None = None
 ) -> None:
     """The ``lease lost`` record, logged where ``SCHEDULER_LEASE_LOST`` is raised."""
-    leases_log.warning(
-        "lease lost %s",
-        occurrence_id,
-        extra={
-            "event": "lease_lost",
-            "state": "lease lost",
-            "occurrence": occurrence_id,
-            "job": job_id,
-            "kind": None,
-            "owner": owner_id,
-            "fence": fence,
-            "attempt": None,
-            "duration_ms": None,
-        },
-    )
+    extra = {
+        "event": "lease_lost",
+        "state": "lease lost",
+        "occurrence": occurrence_id,
+        "job": job_id,
+        "kind": None,
+        "owner": owner_id,
+        "fence": fence,
+        "attempt": None,
+        "duration_ms": None,
+    }
+    leases_log.warning("lease lost %s", describe(extra), extra=extra)

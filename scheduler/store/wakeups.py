@@ -34,6 +34,7 @@ WAKE_EVENTS: Final = frozenset(
     {
         "occurrence_enqueued",
         "occurrence_requeued",
+        "occurrence_released",
         "occurrence_resume_requested",
         "occurrence_retry_scheduled",
         "occurrence_adjudication_recorded",

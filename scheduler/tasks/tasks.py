@@ -233,6 +233,12 @@ class Tasks:
     def __getitem__(self, name: str) -> Task[Any, Any]:
         return self._tasks[name]
 
+    @property
+    def store(self) -> SchedulerStore:
+        """The sync store these tasks use (opened on first use; :meth:`close` closes it if this
+        object opened it): what ``scheduler.dashboard.create_app(tasks)`` shows and acts on."""
+        return self._source.sync()
+
     def definition(self, name: str) -> TaskDefinition | None:
         """The definition of the task named ``name`` (a job id), or ``None``."""
         task = self._tasks.get(name)

@@ -135,7 +135,7 @@ class HandlerContext:
                 self._checked_at = None  # ask again at the next safe point
                 return
             raise
-        log.info("paused at %s", safe_point, extra={**lease.extra(), "kind": self.kind})
+        lease.log(log, logging.INFO, "paused at %s", safe_point)
         raise Paused(self.occurrence.id, state)
 
     def pause_before_execute(self) -> None:

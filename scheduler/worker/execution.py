@@ -2,6 +2,13 @@
 
 Sync handlers run on the lane thread that claimed the occurrence; ``async def`` handlers (and any
 handler returning an awaitable) run on ONE event loop shared by the whole worker, in its own thread.
+
+Whatever a handler raises ends up in the lane that waits for it, as a sync handler's exception
+would: asyncio lets ``SystemExit`` and ``KeyboardInterrupt`` escape from a task through the event
+loop (stopping it, with every handler on it), so they are carried out of the task as an ordinary
+exception, and a ``CancelledError`` the handler raised itself (not a cancellation by the worker) is
+carried out likewise. Anything that still escapes the loop (a callback a handler left behind) is
+logged and the loop goes on.
 """
 
 from __future__ import annotations
@@ -9,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from scheduler.contract.canonical import normalize_json
 from scheduler.contract.errors import SchedulerKernelError
@@ -24,6 +32,8 @@ from scheduler.worker.context import HandlerContext
 from scheduler.worker.policy import PermanentError, error_document, result_not_json
 
 Handler = Callable[[Occurrence, HandlerContext], Any]
+INTERRUPTS: Final = (SystemExit, KeyboardInterrupt)
+log = logging.getLogger("scheduler.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,8 @@ class Settlement:
     error: dict[str, str] | None = None
     retryable: bool = True
     duration_ms: float | None = None
+    interrupt: BaseException | None = field(default=None, compare=False, repr=False)
+    """The handler's ``SystemExit``/``KeyboardInterrupt``, for a caller that raises it again."""
 
     def arguments(self) -> dict[str, Any]:
         if self.outcome == "succeeded":
@@ -45,6 +57,41 @@ class Settlement:
 
 class Abandoned(Exception):
     """The handler's run ended without a result to settle (cancelled at shutdown)."""
+
+
+class _Carried(Exception):
+    """A handler's exception that asyncio would not deliver through its task as it is."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(type(error).__qualname__)
+        self.error = error
+
+
+async def _carrying(awaitable: Awaitable[Any]) -> Any:
+    try:
+        return await awaitable
+    except asyncio.CancelledError as error:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # cancelled by the worker (shutdown)
+        raise _Carried(error) from None
+    except INTERRUPTS as error:
+        raise _Carried(error) from None
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """Run ``loop`` until :meth:`AsyncLoop.close` stops it, whatever escapes a callback."""
+    while True:
+        try:
+            loop.run_forever()
+        except BaseException as error:  # SystemExit/KeyboardInterrupt from a callback or task
+            log.error(
+                "%s escaped a callback on the handlers' event loop; the event loop goes on",
+                type(error).__qualname__,
+                exc_info=error,
+            )
+            continue
+        return
 
 
 class AsyncLoop:
@@ -61,7 +108,7 @@ class AsyncLoop:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
-                    target=loop.run_forever, name="scheduler-async-handlers", daemon=True
+                    target=_serve, args=(loop,), name="scheduler-async-handlers", daemon=True
                 )
                 thread.start()
                 self._loop, self._thread = loop, thread
@@ -72,21 +119,21 @@ class AsyncLoop:
         return self._thread
 
     def run(self, awaitable: Awaitable[Any]) -> Any:
-        """Run ``awaitable`` on the loop and wait for it (from a lane thread)."""
-
-        async def wrapped() -> Any:
-            return await awaitable
-
-        future = asyncio.run_coroutine_threadsafe(wrapped(), self._ensure())
+        """Run ``awaitable`` on the loop and wait for it (from a lane thread); what it raises is
+        raised here (``Abandoned`` when :meth:`cancel_all` cancelled it)."""
+        future = asyncio.run_coroutine_threadsafe(_carrying(awaitable), self._ensure())
         with self._lock:
             self._running.add(future)
         try:
             return future.result()
         except (CancelledError, asyncio.CancelledError) as cancelled:
             raise Abandoned("async handler cancelled") from cancelled
+        except _Carried as carried:
+            error = carried.error
         finally:
             with self._lock:
                 self._running.discard(future)
+        raise error  # outside the except clause: not chained to the carrier
 
     def cancel_all(self) -> None:
         with self._lock:
@@ -127,7 +174,12 @@ def succeeded(value: Any) -> Settlement:
 
 def failed(error: BaseException) -> Settlement:
     """``failed`` with ``{"code", "message"}``; retryable unless it is a ``PermanentError``."""
-    return Settlement("failed", error=error_document(error), retryable=not isinstance(error, PermanentError))
+    return Settlement(
+        "failed",
+        error=error_document(error),
+        retryable=not isinstance(error, PermanentError),
+        interrupt=error if isinstance(error, INTERRUPTS) else None,
+    )
 
 
 def handler_ran(kind: str, started: float, outcome: str) -> float:

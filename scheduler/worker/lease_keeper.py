@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.records import Occurrence
+from scheduler.store.telemetry import describe
 
 if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore
@@ -24,6 +25,8 @@ LEASE_LOST: Final = "SCHEDULER_LEASE_LOST"
 STORAGE_UNAVAILABLE: Final = "SCHEDULER_STORAGE_UNAVAILABLE"
 STORE_CLOSED: Final = "SCHEDULER_STORE_CLOSED"
 _RETRY_AFTER_FAILURE_S: Final = 0.5
+_GIVE_BACK_RETRIES_S: Final = (0.05, 0.2, None)
+"""Pauses between the tries of a release that met a transient storage failure (``None``: the last)."""
 
 log = logging.getLogger("scheduler.worker.leases")
 
@@ -42,6 +45,8 @@ class Lease:
     """The worker gave up on it (shutdown grace period over): the result must not be settled."""
     parked: bool = False
     """Paused (or being paused) at a checkpoint: no more renewals, no settlement."""
+    kind: str | None = None
+    """The job kind, once the worker read it (for log records)."""
 
     @property
     def occurrence_id(self) -> str:
@@ -55,12 +60,27 @@ class Lease:
     def settleable(self) -> bool:
         return not (self.lost or self.abandoned or self.parked)
 
+    def log(
+        self,
+        logger: logging.Logger,
+        level: int,
+        message: str,
+        *args: object,
+        exc_info: BaseException | None = None,
+        **fields: object,
+    ) -> None:
+        """``message % args`` about this lease, naming it (``describe``) in the text and in ``extra``
+        (with ``fields`` added there)."""
+        extra = {**self.extra(), **fields}
+        logger.log(level, f"{message} %s", *args, describe(extra), exc_info=exc_info, extra=extra)
+
     def extra(self) -> dict[str, object]:
         """Structured ``extra`` fields for log records about this lease."""
         return {
             "occurrence": self.occurrence.id,
             "job": self.occurrence.job_id,
             "owner": self.owner_id,
+            "kind": self.kind,
             "fence": self.occurrence.fence,
             "attempt": self.occurrence.attempt,
         }
@@ -126,11 +146,32 @@ class LeaseKeeper:
         lease.renewed_at = time.monotonic()
         return renewed
 
+    def give_back(self, lease: Lease, reason: str) -> bool:
+        """Release ``lease`` in the store (``release_lease``) so another worker can claim it at
+        once, the attempt given back; whether it was released. A store that cannot (lost lease,
+        pending pause, closed, still unavailable after a few tries) leaves it to expire."""
+        release = getattr(self._store, "release_lease", None)
+        if not callable(release):
+            return False
+        for delay in _GIVE_BACK_RETRIES_S:
+            try:
+                release(occurrence_id=lease.occurrence_id, owner_id=lease.owner_id, fence=lease.fence)
+            except SchedulerKernelError as error:
+                if error.code == STORAGE_UNAVAILABLE and delay is not None:
+                    time.sleep(delay)
+                    continue
+                level = logging.INFO if error.code == LEASE_LOST else logging.WARNING
+                lease.log(log, level, "not released (%s): %s", reason, error.code)
+                return False
+            lease.log(log, logging.INFO, "released (%s)", reason)
+            return True
+        return False
+
     def _mark_lost(self, lease: Lease) -> None:
         if lease.parked or lease.lost:
             return
         lease.lost = True
-        log.warning("lease lost: %s (fence %d)", lease.occurrence_id, lease.fence, extra=lease.extra())
+        lease.log(log, logging.WARNING, "lease lost")
         self.release(lease)
 
     def _due(self, now: float) -> tuple[list[Lease], float]:
@@ -170,12 +211,12 @@ class LeaseKeeper:
                 self._mark_lost(lease)
                 return
             level = logging.DEBUG if error.code == STORAGE_UNAVAILABLE else logging.WARNING
-            log.log(level, "lease renewal failed, retrying: %s", error.code, extra=lease.extra())
+            lease.log(log, level, "lease renewal failed, retrying: %s", error.code)
             self._retry_at[lease.occurrence_id] = time.monotonic() + min(
                 _RETRY_AFTER_FAILURE_S, self._interval_s
             )
-        except Exception:
-            log.exception("lease renewal failed unexpectedly", extra=lease.extra())
+        except Exception as error:
+            lease.log(log, logging.ERROR, "lease renewal failed unexpectedly", exc_info=error)
             self._retry_at[lease.occurrence_id] = time.monotonic() + min(
                 _RETRY_AFTER_FAILURE_S, self._interval_s
             )

@@ -2,10 +2,12 @@
 
 Every worker evaluates the periodic jobs of the kinds it handles and enqueues each due tick with
 ``enqueue_periodic_tick`` (``enqueue_occurrence_once_per_trigger`` done only while the job is still at
-the revision the tick was computed from): the first call for a ``(job, trigger key)`` inserts the
-occurrence, every later one (another thread, process or host) gets it back ``deduplicated`` — so a
-tick fires exactly once however many workers evaluate it — and a worker that has not yet seen a
-change of the job re-reads it instead of firing a tick of the old trigger.
+the revision the tick was computed from, and has fired no tick of that type at or after it): the
+first call for a ``(job, trigger key)`` inserts the occurrence, every later one (another thread,
+process or host) gets it back ``deduplicated`` — so a tick fires exactly once however many workers
+evaluate it — and a worker that has not yet seen a change of the job, or whose memory of its last
+fired tick is stale (other workers fired later ticks and a prune deleted them), re-reads it instead
+of firing a tick of the old trigger or a pruned tick again.
 
 Where the state lives: the jobs and their trigger documents in ``jobs`` (re-read every
 ``refresh_ms``); per job, read once (and again after it changed) with ``periodic_state``: when its
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.periodic_ticks import PeriodicState
 from scheduler.store.records import Job, Occurrence
+from scheduler.store.telemetry import describe
 from scheduler.worker.triggers import Tick, Trigger, TriggerError, due_ticks, parse_trigger
 
 if TYPE_CHECKING:
@@ -83,7 +86,8 @@ def ticks_due(
 @dataclass(frozen=True, slots=True)
 class FiredTicks:
     """What :func:`fire_ticks` did: the occurrence of each tick it enqueued (in order; an earlier
-    one comes back ``deduplicated``), and whether it stopped because the job changed."""
+    one comes back ``deduplicated``), and whether it stopped because the job moved on (it changed,
+    or fired a later tick of that type than the caller knew of)."""
 
     occurrences: list[Occurrence]
     job_changed: bool
@@ -91,7 +95,8 @@ class FiredTicks:
 
 def fire_ticks(store: SchedulerStore, job: Job, ticks: Sequence[Tick]) -> FiredTicks:
     """Enqueue each tick once, in order, while the job is still at ``job.revision``; stop at the
-    first tick refused because it changed (re-read it: that tick and the next were not written).
+    first tick refused because it changed or already fired a later tick of that type (re-read its
+    state: that tick and the next were not written).
     ``SCHEDULER_JOB_DISABLED`` / ``SCHEDULER_NOT_FOUND`` as the store raises them."""
     enqueued: list[Occurrence] = []
     for tick in ticks:
@@ -208,11 +213,8 @@ class PeriodicScheduler:
                 entry.fired = tick.at if entry.fired is None else max(entry.fired, tick.at)
                 if not occurrence.deduplicated:
                     created.append(occurrence)
-                    log.info(
-                        "fired %s",
-                        tick.key,
-                        extra={"job": entry.job.id, "kind": entry.job.kind, "occurrence": occurrence.id},
-                    )
+                    extra = {"occurrence": occurrence.id, "job": entry.job.id, "kind": entry.job.kind}
+                    log.info("fired %s %s", tick.key, describe(extra), extra=extra)
             if not fired.job_changed:
                 break
             entry.state = None  # changed since it was read: read it again

@@ -26,7 +26,7 @@ from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.records import Occurrence
-from scheduler.store.telemetry import handler_timing, record_claim_latency
+from scheduler.store.telemetry import describe, handler_timing, record_claim_latency
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.execution import (
     Abandoned,
@@ -102,7 +102,8 @@ class Worker:
     * ``retry`` — :class:`RetryPolicy` for retryable failures (default ``RetryPolicy()``).
     * ``owner_id`` — the lease owner recorded on claims (default ``<host>:<pid>:<random>``).
     * ``kinds`` — claim only these of the handled kinds (default: all of them).
-    * ``shutdown_grace_ms`` — how long in-flight handlers may run after a stop request.
+    * ``shutdown_grace_ms`` — how long in-flight handlers may run after a stop request; the
+      occurrences of those still running then are released (``store.release_lease``).
     * ``poll_min_ms`` / ``poll_max_ms`` — idle polling backoff (doubling, capped).
     * ``periodic`` — fire due periodic triggers of the handled kinds (default ``True``).
     * ``missed_ticks`` — ``"latest"`` (default) or ``"all"``; ``max_catch_up`` bounds ``"all"``.
@@ -195,7 +196,8 @@ class Worker:
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Work until :meth:`stop` (or SIGTERM/SIGINT when called in the main thread), then shut down:
-        stop claiming, let in-flight handlers finish within ``shutdown_grace_ms``, return."""
+        claim nothing more, let in-flight handlers finish within ``shutdown_grace_ms``, release
+        what is still running (``store.release_lease``: its result is discarded), return."""
         previous = self._install_signals() if install_signal_handlers else {}
         ticker = PeriodicThread(self._periodic, self._now, self.waker.notify) if self.periodic else None
         log.info(
@@ -265,16 +267,21 @@ class Worker:
                 lane.join(timeout=min(remaining, 0.25))
         busy = self._keeper.held()
         if busy:
-            log.warning("shutdown grace period over: abandoning %d occurrence(s)", len(busy))
+            log.warning("shutdown grace period over: releasing %d occurrence(s)", len(busy))
             for lease in busy:
                 lease.abandoned = True
             self._loop.cancel_all()
+            for lease in busy:
+                self._keeper.give_back(lease, "shutdown grace period over")
         self._keeper.stop()
         self._loop.close()
 
     def run_until_idle(self) -> int:
         """Fire due periodic ticks, then claim and run occurrences on the calling thread until none
-        is claimable now; return how many were run. For tests, scripts and batch jobs."""
+        is claimable now; return how many were run. For tests, scripts and batch jobs.
+
+        A handler's ``SystemExit`` or ``KeyboardInterrupt`` fails its attempt like any exception,
+        then is raised again here (nothing more is claimed), so Ctrl-C stops a script."""
         self._keeper.start()
         processed = 0
         try:
@@ -283,7 +290,7 @@ class Worker:
             occurrence = self._claim()
             while occurrence is not None:
                 processed += 1
-                occurrence = self._process(occurrence, claim_next=True)
+                occurrence = self._process(occurrence, claim_next=True, reraise=True)
         finally:
             self._keeper.stop()
         return processed
@@ -306,9 +313,9 @@ class Worker:
                 backoff.reset()
             current = occurrence
             try:
-                occurrence = self._process(current, claim_next=not self._stopping.is_set())
+                occurrence = self._process(current, claim_next=True)
             except Exception:  # never let a lane die: the lease expires and the occurrence is reclaimed
-                log.exception("worker lane failed on %s", current.id)
+                log.exception("worker lane failed: %s", describe({"occurrence": current.id}))
                 occurrence = None
 
     def _claim(self) -> Occurrence | None:
@@ -317,8 +324,10 @@ class Worker:
         ``SCHEDULER_CLAIM_CONFLICT`` (another worker changed the candidate meanwhile) means
         "try again": retried at once, a few times, then left to the next poll."""
         for _ in range(_CLAIM_CONFLICT_RETRIES):
+            if self._stopping.is_set():
+                return None
             try:
-                return self._claim_next()
+                return self._unless_stopping(self._claim_next())
             except SchedulerKernelError as error:
                 if error.code == CLAIM_CONFLICT:
                     log.debug("claim conflict, trying again: %s", error.message)
@@ -328,6 +337,14 @@ class Worker:
                 elif not _transient(error):
                     log.warning("claim failed: %s: %s", error.code, error.message)
                 return None
+        return None
+
+    def _unless_stopping(self, claimed: Occurrence | None) -> Occurrence | None:
+        """``claimed``, or ``None`` when a stop was requested while its claim was in flight: then
+        it is released at once (never started, the attempt given back)."""
+        if claimed is None or not self._stopping.is_set():
+            return claimed
+        self._keeper.give_back(Lease(claimed, self.owner_id, self.lease_ms), "claimed as the worker stopped")
         return None
 
     def _claim_next(self) -> Occurrence | None:
@@ -355,23 +372,35 @@ class Worker:
                 return claimed
         return None
 
-    def _process(self, occurrence: Occurrence, *, claim_next: bool) -> Occurrence | None:
-        """Run one claimed occurrence and settle it; return the next claimed one (busy cycle) or ``None``."""
+    def _process(
+        self, occurrence: Occurrence, *, claim_next: bool, reraise: bool = False
+    ) -> Occurrence | None:
+        """Run one claimed occurrence and settle it; return the next claimed one (busy cycle) or
+        ``None``. ``reraise``: raise a handler's ``SystemExit``/``KeyboardInterrupt`` once settled."""
         lease = self._keeper.hold(occurrence, self.owner_id, self.lease_ms)
         try:
+            if self._past_deadline():  # claimed before the stop, held only after the grace period
+                lease.abandoned = True
+                self._keeper.give_back(lease, "shutdown grace period over")
+                return None
             settlement = self._run(lease)
             if settlement is None:
                 return None
+            interrupt = settlement.interrupt if reraise else None
             with handler_timing(lease.occurrence_id, settlement.duration_ms):  # on the settled records
-                return self._settle(lease, settlement, claim_next=claim_next)
+                claimed = self._settle(lease, settlement, claim_next=claim_next and interrupt is None)
         finally:
             self._keeper.release(lease)
+        if interrupt is not None:
+            raise interrupt
+        return claimed
 
     def _run(self, lease: Lease) -> Settlement | None:
         occurrence = lease.occurrence
         runtime = self._with_retries(lambda: self.store.get_occurrence_runtime(occurrence.id), lease)
         if runtime is None:
             return None
+        lease.kind = runtime.job_kind
         record_claim_latency(occurrence, runtime.job_kind)
         handler = self.handlers.get(runtime.job_kind)
         if handler is None:  # the job's kind changed after the claim
@@ -393,18 +422,31 @@ class Worker:
             lease.parked = True
             handler_ran(runtime.job_kind, started, "paused")
             return None
-        except Abandoned:
-            handler_ran(runtime.job_kind, started, "abandoned")
-            return None
-        except BaseException as error:
-            settlement = timed(failed(error), runtime.job_kind, started)
-            extra = {**(ctx.logger.extra or {}), "duration_ms": settlement.duration_ms}
-            log.warning("handler failed: %s", type(error).__qualname__, exc_info=True, extra=extra)
-            return settlement
+        except Abandoned as abandoned:
+            if not lease.settleable:  # cancelled at shutdown: released there
+                handler_ran(runtime.job_kind, started, "abandoned")
+                return None
+            return self._handler_failed(abandoned.__cause__ or abandoned, lease, started)
+        except BaseException as error:  # SystemExit, KeyboardInterrupt, ... fail the attempt too
+            return self._handler_failed(error, lease, started)
         if lease.parked:  # the handler swallowed ``Paused``
             handler_ran(runtime.job_kind, started, "paused")
             return None
         return timed(succeeded(value), runtime.job_kind, started)
+
+    @staticmethod
+    def _handler_failed(error: BaseException, lease: Lease, started: float) -> Settlement:
+        settlement = timed(failed(error), lease.kind or "", started)
+        name = type(error).__qualname__
+        lease.log(
+            log,
+            logging.WARNING,
+            "handler failed: %s",
+            name,
+            exc_info=error,
+            duration_ms=settlement.duration_ms,
+        )
+        return settlement
 
     def _retry_at(self, lease: Lease) -> int:
         return self._now() + self.retry.delay_ms(lease.occurrence.attempt)
@@ -435,7 +477,7 @@ class Worker:
                     claim_next = False  # the claim half failed the cycle: settle alone
                     continue
                 if not _transient(error) or self._past_deadline():
-                    log.error("settle failed: %s: %s", error.code, error.message, extra=lease.extra())
+                    lease.log(log, logging.ERROR, "settle failed: %s: %s", error.code, error.message)
                     return None
                 uncertain = uncertain or (error.details or {}).get("commitState") == "unknown"
                 time.sleep(delay)
@@ -450,11 +492,12 @@ class Worker:
         return current is not None and current.fence == lease.fence and current.status != "running"
 
     def _settle_once(self, arguments: dict[str, Any], claim_next: bool) -> Occurrence | None:
+        """Settle; with ``claim_next`` and no stop requested by now, claim the next one in the same commit."""
+        claim_next = claim_next and not self._stopping.is_set()
         settle_and_claim = getattr(self.store, "settle_and_claim", None)
         if claim_next and settle_and_claim is not None and self._kind_sequences:
             cycle = settle_and_claim(**arguments, lease_ms=self.lease_ms, job_kind=self._claim_kinds())
-            claimed: Occurrence | None = cycle.claimed
-            return claimed
+            return self._unless_stopping(cycle.claimed)
         self.store.settle(**arguments)
         return self._claim() if claim_next else None
 
@@ -467,7 +510,7 @@ class Worker:
 
     def _log_abandoned(self, lease: Lease) -> None:
         reason = "lease lost" if lease.lost else "paused" if lease.parked else "shutdown grace period over"
-        log.warning("result not settled (%s)", reason, extra=lease.extra())
+        lease.log(log, logging.WARNING, "result not settled (%s)", reason)
 
     def _with_retries(self, read: Callable[[], Any], lease: Lease) -> Any:
         delay = 0.05
@@ -476,7 +519,7 @@ class Worker:
                 return read()
             except SchedulerKernelError as error:
                 if not _transient(error) or not lease.settleable or self._past_deadline():
-                    log.error("could not read the claimed occurrence: %s", error.code, extra=lease.extra())
+                    lease.log(log, logging.ERROR, "could not read the claimed occurrence: %s", error.code)
                     return None
                 time.sleep(delay)
                 delay = min(_SETTLE_RETRY_MAX_S, delay * 2)

@@ -179,6 +179,18 @@ def _apply(state: _Occurrence, event: Row) -> bool:
         state.renewed_until = data.get("leaseExpiresAt")
     elif kind in ("occurrence_pause_requested", "occurrence_paused", "occurrence_resume_requested"):
         _apply_control(state, event, data)
+    elif kind == "occurrence_released":
+        _expect(state, _holder_matches(state, event), event, "released by a non-holder")
+        attempt, returned = data.get("attempt"), data.get("attemptReturned")
+        expected = max(0, state.attempt - 1) if returned else state.attempt
+        _expect(
+            state,
+            attempt == expected,
+            event,
+            f"attempt {attempt} after {state.attempt} (returned {returned})",
+        )
+        state.status, state.owner, state.renewed_until = "queued", None, None
+        state.attempt = attempt if isinstance(attempt, int) else state.attempt
     elif kind == "occurrence_requeued":
         ok = state.status == "dead_letter" and state.fence == event["fence"]
         _expect(state, ok, event, f"requeued from {state.status}")
