@@ -133,9 +133,12 @@ class PeriodicScheduler:
         missed: MissedTicks = "latest",
         max_catch_up: int = 100,
         refresh_ms: int = 5_000,
+        fires: Callable[[Job], bool] | None = None,
     ) -> None:
         self._store = store
         self._kinds = list(kinds)
+        self._fires = fires
+        """Which of the kinds' periodic jobs this scheduler fires (``None``: all of them)."""
         self._clock = clock
         self._limit = 1 if missed == "latest" else max_catch_up
         self._refresh_ms = refresh_ms
@@ -145,6 +148,8 @@ class PeriodicScheduler:
     def refresh(self, now: int) -> None:
         """Re-read the enabled periodic jobs (keeping what is known of unchanged ones)."""
         jobs = self._store.list_periodic_jobs(job_kinds=self._kinds)
+        if self._fires is not None:
+            jobs = [job for job in jobs if self._fires(job)]
         known = self._jobs
         self._jobs = {}
         for job in jobs:
