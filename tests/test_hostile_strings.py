@@ -296,6 +296,10 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
         key(lambda s, w, v: s.renew(**{**_running(w), "occurrence_id": v}, lease_ms=1000)),
         key(lambda s, w, v: s.renew(**{**_running(w), "owner_id": v}, lease_ms=1000)),
     ],
+    "release_lease": [
+        key(lambda s, w, v: s.release_lease(**{**_running(w), "occurrence_id": v})),
+        key(lambda s, w, v: s.release_lease(**{**_running(w), "owner_id": v})),
+    ],
     "settle": [
         key(lambda s, w, v: s.settle(**{**_running(w), "occurrence_id": v}, outcome="failed")),
         key(lambda s, w, v: s.settle(**{**_running(w), "owner_id": v}, outcome="failed")),

@@ -134,6 +134,7 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
     "claim_batch": lambda s: s.claim_batch(owner_id="w", lease_ms=10, limit=0),
     "claim_occurrence": lambda s: s.claim_occurrence(occurrence_id="", owner_id="w", lease_ms=10),
     "renew": lambda s: s.renew(**_RUN, lease_ms=10),
+    "release_lease": lambda s: s.release_lease(**_RUN),
     "settle": lambda s: s.settle(**_RUN, outcome="succeeded"),
     "settle_many": lambda s: s.settle_many([{**_RUN, "outcome": "done"}]),
     "settle_and_claim": lambda s: s.settle_and_claim(**_RUN, outcome="succeeded", lease_ms=0),
