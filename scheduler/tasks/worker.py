@@ -144,6 +144,33 @@ class TaskWorker(Worker):
                 return claimed
         return None
 
+    def _claim_group(self, store: SchedulerStore, limit: int) -> list[Occurrence]:
+        """The batched cycles' claims: up to ``limit`` runs, the queues in order (each drained before
+        the next is tried), a capped queue one capped claim at a time (its lock counts the runs
+        this transaction already claimed)."""
+        claimed: list[Occurrence] = []
+        for queue in self.kinds:
+            cap = self.caps.get(queue)
+            while len(claimed) < limit:
+                if cap is None:
+                    remaining = limit - len(claimed)
+                    claimed += store.claim_batch(
+                        owner_id=self.owner_id, lease_ms=self.lease_ms, limit=remaining, job_kind=queue
+                    )
+                    break
+                one = claim_next_capped(
+                    store, owner_id=self.owner_id, lease_ms=self.lease_ms, job_kind=queue, cap=cap
+                )
+                if one is None:
+                    break
+                claimed.append(one)
+            if len(claimed) >= limit:
+                break
+        return claimed
+
+    def _after_settle(self) -> None:
+        self.tasks.signal.notify()
+
     def _claim_kinds(self) -> str:
         """What the one-commit cycle (``Worker._settle_once``'s ``settle_and_claim``) claims: the
         first queue only, so the order stays strict."""
