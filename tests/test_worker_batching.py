@@ -25,7 +25,7 @@ from tasks_support import target_of
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.worker import Worker
-from tests.worker_support import PAUSABLE, add_job, noop, run_noop_worker, running, wait_for
+from tests.worker_support import PAUSABLE, add_job, checkpointing, noop, run_noop_worker, running, wait_for
 
 _WRITE = re.compile(r"\b(INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM)\b", re.IGNORECASE)
 
@@ -79,36 +79,35 @@ def events(place: StorePlace, occurrence_id: str) -> list[tuple[str, int | None,
     return [(str(row[0]), row[1], int(row[2])) for row in rows]
 
 
-def test_concurrency_8_drains_the_runs_with_far_fewer_commits_than_runs(place: StorePlace) -> None:
-    runs = 240
+def drained_with(place: StorePlace, runs: int, concurrency: int) -> int:
+    """Drain ``runs`` no-op runs with one worker of ``concurrency`` lanes; its write commits."""
     with place.open() as setup:
         add_job(setup, "noop")
         enqueue_runs(setup, "noop", runs)
     store = place.open()
     commits = WriteCommits(store.connection)
-    worker = Worker(store, {"noop": noop}, concurrency=8, periodic=False, poll_min_ms=5, poll_max_ms=20)
+    worker = Worker(
+        store, {"noop": noop}, concurrency=concurrency, periodic=False, poll_min_ms=5, poll_max_ms=20
+    )
     with running(worker):
         wait_for(lambda: statuses(place).get("succeeded", 0) == runs, 60, "every run settled")
     commits.close()
     store.close()
-    # a lane-per-claim worker commits at least once per run; groups of up to 8 need about runs / 8
-    assert commits.count <= runs // 4, commits.count
     assert statuses(place) == {"succeeded": runs}
+    return commits.count
+
+
+def test_concurrency_8_drains_the_runs_with_far_fewer_commits_than_runs(place: StorePlace) -> None:
+    runs = 240
+    commits = drained_with(place, runs, 8)
+    # a lane-per-claim worker commits at least once per run; groups of up to 8 need about runs / 8
+    assert commits <= runs // 4, commits
 
 
 def test_concurrency_1_still_settles_and_claims_in_one_commit_per_run(place: StorePlace) -> None:
     runs = 30
-    with place.open() as setup:
-        add_job(setup, "noop")
-        enqueue_runs(setup, "noop", runs)
-    store = place.open()
-    commits = WriteCommits(store.connection)
-    worker = Worker(store, {"noop": noop}, concurrency=1, periodic=False, poll_min_ms=5, poll_max_ms=20)
-    with running(worker):
-        wait_for(lambda: statuses(place).get("succeeded", 0) == runs, 60, "every run settled")
-    commits.close()
-    store.close()
-    assert runs <= commits.count <= runs + 1  # the first claim, then one settle-and-claim per run
+    commits = drained_with(place, runs, 1)
+    assert runs <= commits <= runs + 1  # the first claim, then one settle-and-claim per run
 
 
 WORKER_PROCESSES = 4
@@ -298,14 +297,7 @@ def test_a_pause_at_a_checkpoint_is_honoured_in_batched_mode(place: StorePlace) 
         long = enqueue_runs(setup, "long", 1, "l")[0]
     first_run, runs = threading.Event(), []
 
-    def long_handler(occurrence: Any, ctx: Any) -> Any:
-        runs.append(ctx.resumed_checkpoint)
-        start = 0 if ctx.resumed_checkpoint is None else ctx.resumed_checkpoint["step"]
-        first_run.set()
-        for step in range(start, start + 300):
-            ctx.checkpoint({"step": step})
-            time.sleep(0.01)
-        return {"resumed_from": runs[-1]}
+    long_handler = checkpointing(first_run, runs, 300)
 
     store, operator = place.open(), place.open()
     handlers = {"long": long_handler, "noop": noop}

@@ -124,3 +124,19 @@ def run_noop_worker(target: str, schema: str | None, concurrency: int) -> None:
             store, {"noop": noop}, concurrency=concurrency, periodic=False, poll_min_ms=5, poll_max_ms=50
         )
         worker.run()
+
+
+def checkpointing(first_run: threading.Event, runs: list[Any], steps: int) -> Callable[[Any, Any], Any]:
+    """A pausable handler: ``steps`` checkpoints 10 ms apart, from the resumed step if any; each run
+    appends its ``ctx.resumed_checkpoint`` to ``runs``; the first sets ``first_run``."""
+
+    def handler(occurrence: Any, ctx: Any) -> Any:
+        runs.append(ctx.resumed_checkpoint)
+        start = 0 if ctx.resumed_checkpoint is None else ctx.resumed_checkpoint["step"]
+        first_run.set()
+        for step in range(start, start + steps):
+            ctx.checkpoint({"step": step})
+            time.sleep(0.01)
+        return {"resumed_from": runs[-1]}
+
+    return handler
