@@ -28,6 +28,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.queues import claim_next_capped, notify_settlements
 from scheduler.store.records import Occurrence
+from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.tasks.arguments import call_of, trace_of
 from scheduler.tasks.definition import TaskDefinition
 from scheduler.tasks.supervision import TASK_TIMEOUT, Supervisor, TaskLeaseKeeper, Watch
@@ -197,11 +198,11 @@ class TaskWorker(Worker):
 
     # ------------------------------------------------------------------ running a task
 
-    def _run(self, lease: Lease) -> Settlement | None:
+    def _run(self, lease: Lease, runtime: OccurrenceRuntime | None = None) -> Settlement | None:
         definition = self.tasks.definition(lease.occurrence.job_id)
         watch = None if definition is None else self._supervisor.watch(lease, definition)
         try:
-            settlement = super()._run(lease)
+            settlement = super()._run(lease, runtime)
         finally:
             taken = watch is not None and not watch.cancel()
         return None if taken else settlement

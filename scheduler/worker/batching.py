@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.records import Occurrence
 from scheduler.store.telemetry import describe, handler_timings
+from scheduler.store.worker_reads import OccurrenceRuntime, occurrence_runtimes
 from scheduler.worker.execution import Settlement
 from scheduler.worker.lease_keeper import LEASE_LOST, STORAGE_UNAVAILABLE, STORE_CLOSED, Lease
 from scheduler.worker.waker import IdleBackoff
@@ -39,6 +40,10 @@ log = logging.getLogger("scheduler.worker")
 CLAIM_CONFLICT: Final = "SCHEDULER_CLAIM_CONFLICT"
 _CLAIM_CONFLICT_RETRIES: Final = 3
 _RETRY_MAX_S: Final = 5.0
+
+
+Claimed = tuple[Occurrence, OccurrenceRuntime | None]
+"""A claimed run and its job kind and control, read in the claim's transaction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +66,7 @@ class CycleGroups:
     def __init__(self, worker: Worker, settle_batch_ms: int) -> None:
         self._worker = worker
         self._wait_s = settle_batch_ms / 1000
-        self._work: queue.SimpleQueue[Occurrence | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self._condition = threading.Condition()
         self._pending: list[Finished] = []
         self._first_pending_at = 0.0
@@ -78,13 +83,14 @@ class CycleGroups:
         """A lane: run what the cycle thread hands over until it says stop (``None``)."""
         worker = self._worker
         while True:
-            occurrence = self._work.get()
-            if occurrence is None:
+            item = self._work.get()
+            if item is None:
                 return
+            occurrence, runtime = item
             lease: Lease | None = None
             settlement: Settlement | None = None
             try:
-                lease, settlement = worker._execute(occurrence)
+                lease, settlement = worker._execute(occurrence, runtime)
             except Exception:  # never let a lane die: the lease expires and the occurrence is reclaimed
                 log.exception("worker lane failed: %s", describe({"occurrence": occurrence.id}))
             self._done(lease, settlement)
@@ -194,7 +200,7 @@ class CycleGroups:
         The claimed runs are handed to the lanes; returns them."""
         worker = self._worker
         members = self._take_pending()
-        claimed = self._commit(members, claims)
+        claimed, runtimes = self._commit(members, claims)
         if members:
             worker._after_settle()
         if claimed and worker._stopping.is_set():  # claimed as the stop request came: give back
@@ -206,12 +212,15 @@ class CycleGroups:
         with self._condition:
             self._running += len(claimed)
         for occurrence in claimed:
-            self._work.put(occurrence)
+            self._work.put((occurrence, runtimes.get(occurrence.id)))
         return claimed
 
-    def _commit(self, members: list[Finished], claims: int) -> list[Occurrence]:
-        """Settle ``members`` and claim in one transaction, retrying without what cannot be settled;
-        every member's lease is let go of once it is settled or given up."""
+    def _commit(
+        self, members: list[Finished], claims: int
+    ) -> tuple[list[Occurrence], dict[str, OccurrenceRuntime]]:
+        """Settle ``members`` and claim in one transaction (reading the claimed runs' job kinds and
+        controls there too), retrying without what cannot be settled; every member's lease is let
+        go of once it is settled or given up."""
         worker = self._worker
         retry = _Retry(worker._past_deadline)
         conflicts = 0
@@ -219,7 +228,7 @@ class CycleGroups:
             while True:
                 members = [member for member in members if self._settleable(member)]
                 if not members and not claims:
-                    return []
+                    return [], {}
                 settling = False
                 try:
                     with handler_timings(_durations(members)), worker.store.transaction() as view:
@@ -227,7 +236,8 @@ class CycleGroups:
                             settling = True
                             view.settle_many([member.arguments for member in members])
                             settling = False
-                        return worker._claim_group(view, claims) if claims else []
+                        claimed = worker._claim_group(view, claims) if claims else []
+                        return claimed, occurrence_runtimes(view, [occurrence.id for occurrence in claimed])
                 except SchedulerKernelError as error:
                     index = (error.details or {}).get("index") if settling else None
                     member = members[index] if isinstance(index, int) and 0 <= index < len(members) else None
@@ -237,7 +247,7 @@ class CycleGroups:
                     elif error.code == STORE_CLOSED:
                         worker.stop(grace_ms=0)
                         self._give_up(members, error)
-                        return []
+                        return [], {}
                     elif error.code == CLAIM_CONFLICT and conflicts < _CLAIM_CONFLICT_RETRIES:
                         conflicts += 1
                         log.debug("claim conflict, trying again: %s", error.message)
@@ -249,7 +259,7 @@ class CycleGroups:
                         members.remove(member)
                     elif error.code != STORAGE_UNAVAILABLE or not retry.again(error):
                         self._give_up(members, error)
-                        return []
+                        return [], {}
         finally:
             for member in members:
                 worker._keeper.release(member.lease)

@@ -29,6 +29,7 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.records import Occurrence
 from scheduler.store.telemetry import describe, handler_timing, record_claim_latency
+from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.worker.batching import CycleGroups, batching_store
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.execution import (
@@ -411,23 +412,27 @@ class Worker:
             raise interrupt
         return claimed
 
-    def _execute(self, occurrence: Occurrence) -> tuple[Lease, Settlement | None]:
+    def _execute(
+        self, occurrence: Occurrence, runtime: OccurrenceRuntime | None = None
+    ) -> tuple[Lease, Settlement | None]:
         """Hold the lease of a claimed occurrence and run it: the lease (still held) and what to
-        settle (``None``: nothing, e.g. paused, or released at shutdown)."""
+        settle (``None``: nothing, e.g. paused, or released at shutdown). ``runtime``: its job
+        kind and control as read in the claim's transaction (else read here)."""
         lease = self._keeper.hold(occurrence, self.owner_id, self.lease_ms)
         try:
             if self._past_deadline():  # claimed before the stop, held only after the grace period
                 lease.abandoned = True
                 self._keeper.give_back(lease, "shutdown grace period over")
                 return lease, None
-            return lease, self._run(lease)
+            return lease, self._run(lease, runtime)
         except BaseException:
             self._keeper.release(lease)
             raise
 
-    def _run(self, lease: Lease) -> Settlement | None:
+    def _run(self, lease: Lease, runtime: OccurrenceRuntime | None = None) -> Settlement | None:
         occurrence = lease.occurrence
-        runtime = self._with_retries(lambda: self.store.get_occurrence_runtime(occurrence.id), lease)
+        if runtime is None:
+            runtime = self._with_retries(lambda: self.store.get_occurrence_runtime(occurrence.id), lease)
         if runtime is None:
             return None
         lease.kind = runtime.job_kind
