@@ -188,6 +188,26 @@ def outcome_unknown_dead_letter(
     return dead
 
 
+def adjudicate(
+    env: Env, occurrence_id: str, decision: str = "confirmed_not_applied", /, **overrides: Any
+) -> Any:
+    """``adjudicate_occurrence`` of the occurrence's current case (its evidence, attempt and fence)."""
+    case = env.store.get_adjudication_case(occurrence_id)
+    assert case is not None
+    arguments = {
+        "occurrence_id": occurrence_id,
+        "decision": decision,
+        "expected_evidence_digest": case.evidence_digest,
+        "expected_attempt": case.attempt,
+        "expected_fence": case.fence,
+        "reason_digest": "sha256:" + "0" * 64,
+        "operator_digest": "sha256:" + "1" * 64,
+    }
+    arguments.update(overrides)
+    env.tick()
+    return env.store.adjudicate_occurrence(**arguments)
+
+
 # --------------------------------------------------------------------------- runtime control
 
 

@@ -57,9 +57,22 @@ def make_app(target: str, schema: str | None = None, **options: Any) -> Tasks:
     return tasks
 
 
-def run_app_worker(target: str, schema: str | None, cap: int) -> None:
-    """A worker process: ``make_app(...).worker(concurrency=2)`` until SIGTERM."""
-    make_app(target, schema, cap=cap).worker(concurrency=2, poll_min_ms=5, poll_max_ms=50).run()
+def run_app_worker(
+    target: str,
+    schema: str | None,
+    cap: int,
+    lease_ms: int = 30_000,
+    attempts: int = 3,
+    started: Any = None,
+) -> None:
+    """A worker process: ``make_app(...).worker(concurrency=2)`` until SIGTERM; ``started`` (an
+    event) is set once its store is open and its tasks registered."""
+    tasks = make_app(target, schema, cap=cap, attempts=attempts)
+    worker = tasks.worker(concurrency=2, lease_ms=lease_ms, poll_min_ms=5, poll_max_ms=50)
+    tasks.register(worker.store)
+    if started is not None:
+        started.set()
+    worker.run()
 
 
 def register_app(target: str, schema: str | None, attempts: int, barrier: Any, results: Any) -> None:

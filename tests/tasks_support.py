@@ -50,6 +50,7 @@ def run_row(place: StorePlace, run_id: str) -> dict[str, Any]:
         "trigger_key",
         "payload_json",
         "last_error_json",
+        "lease_expires_at",
     )
     rows = place.sql(f"SELECT {', '.join(columns)} FROM occurrences WHERE occurrence_id = ?", (run_id,))
     assert rows, f"no run {run_id}"

@@ -21,6 +21,7 @@ from governance_support import (
     settle_failed,
     settle_succeeded,
 )
+from governance_support import adjudicate as support_adjudicate
 from recorded import T0
 from store_places import StorePlace
 
@@ -52,20 +53,9 @@ def request_id_for(occurrence_id: str, decision: str, evidence_digest: str, reas
 
 
 def adjudicate(env: Env, occurrence_id: str, decision: str, /, **overrides: Any) -> Any:
-    case = env.store.get_adjudication_case(occurrence_id)
-    assert case is not None
-    arguments = {
-        "occurrence_id": occurrence_id,
-        "decision": decision,
-        "expected_evidence_digest": case.evidence_digest,
-        "expected_attempt": case.attempt,
-        "expected_fence": case.fence,
-        "reason_digest": REASON,
-        "operator_digest": OPERATOR,
-    }
-    arguments.update(overrides)
-    env.tick()
-    return env.store.adjudicate_occurrence(**arguments)
+    return support_adjudicate(
+        env, occurrence_id, decision, **{"reason_digest": REASON, "operator_digest": OPERATOR, **overrides}
+    )
 
 
 # --------------------------------------------------------------------------- cases

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from backends import sqlite_engine
 from governance_support import (
+    OUTCOME_UNKNOWN,
     Env,
     ack,
+    adjudicate,
     claim,
     create_job,
     enqueue,
@@ -267,18 +269,7 @@ def test_a_paused_run_is_cancelled_and_can_be_requeued_and_claimed(env: Env) -> 
 
 def test_a_pending_adjudication_is_applied_as_by_a_dead_letter(env: Env) -> None:
     dead = outcome_unknown_dead_letter(env, JOB, "u1")
-    case = env.store.get_adjudication_case(dead.id)
-    assert case is not None
-    env.tick()
-    env.store.adjudicate_occurrence(
-        occurrence_id=dead.id,
-        decision="confirmed_not_applied",
-        expected_evidence_digest=case.evidence_digest,
-        expected_attempt=case.attempt,
-        expected_fence=case.fence,
-        reason_digest="sha256:" + "0" * 64,
-        operator_digest="sha256:" + "1" * 64,
-    )
+    adjudicate(env, dead.id)
     waiting = env.store.get_occurrence(dead.id)
     assert waiting is not None and waiting.status == "retry_wait"
     cancel(env, dead.id)
@@ -394,6 +385,54 @@ def test_a_never_claimed_cancelled_run_is_requeued_and_runs(env: Env) -> None:
     claimed = env.store.claim_next(owner_id="w9", lease_ms=60_000)
     assert claimed is not None and (claimed.id, claimed.fence) == (queued.id, 2)
     assert settle_succeeded(env, claimed, {"ok": 1}).status == "succeeded"
+
+
+def test_a_never_claimed_cancelled_run_requeued_runs_its_attempts_from_one(env: Env) -> None:
+    """A run cancelled before any claim used no attempt: requeued, its first claim is attempt 1 (not
+    a "free" attempt 0), it retries to ``max_attempts`` like any run, and an outcome-unknown end of it
+    is an adjudication case an operator can decide (``expected_attempt`` must be positive)."""
+    queued = enqueue(env, JOB, "q1")
+    cancelled = cancel(env, queued)
+    env.tick()
+    env.store.requeue_dead_letter(
+        occurrence_id=queued.id,
+        expected_fence=cancelled.fence,
+        expected_error_code="CANCELLED",
+        request_id="rq",
+    )
+    first = claim(env, queued.id, owner="w1")
+    assert (first.fence, first.attempt) == (2, 1)
+    claimed_event = tail(env, queued.id, 1)[0]
+    assert claimed_event["data"]["attempt"] == 1 and claimed_event["data"]["retryRequestId"] == "rq"
+    waiting = settle_failed(env, first, {"code": "BOOM"})
+    assert (waiting.status, waiting.attempt) == ("retry_wait", 1)
+    env.tick(3_600_000)
+    second = claim(env, queued.id, owner="w2")
+    assert (second.fence, second.attempt) == (3, 2)  # the last of max_attempts=2
+    dead = settle_failed(env, second, OUTCOME_UNKNOWN, retryable=False)
+    assert (dead.status, dead.attempt) == ("dead_letter", 2)
+    case = env.store.get_adjudication_case(queued.id)
+    assert case is not None and case.eligible and case.attempt == 2
+    assert adjudicate(env, queued.id).adjudication is not None
+
+
+def test_a_cancelled_requeue_request_does_not_keep_the_run_from_being_pruned(env: Env) -> None:
+    """Requeued, cancelled again before any claim, requeued and run: the first request, left unclaimed
+    at a fence the run has moved past, can never be claimed and must not pin the run forever."""
+    queued = enqueue(env, JOB, "q1")
+    fence = cancel(env, queued).fence
+    for request in ("rq-1", "rq-2"):
+        env.tick()
+        env.store.requeue_dead_letter(
+            occurrence_id=queued.id, expected_fence=fence, expected_error_code="CANCELLED", request_id=request
+        )
+        if request == "rq-1":
+            fence = cancel(env, queued).fence  # the request at fence 1 is never claimed
+    assert settle_succeeded(env, claim(env, queued.id)).status == "succeeded"
+    env.tick(3_600_000)
+    result = env.store.prune(older_than_ms=1_000)
+    assert (result.occurrences, result.requeue_requests) == (1, 2)
+    assert env.store.get_occurrence(queued.id) is None
 
 
 def test_a_cancelled_running_run_is_requeued_with_its_new_fence(env: Env) -> None:

@@ -4,8 +4,13 @@ a missing database: ``test_cli_truthfulness.py``, with every write command.)"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import pytest
 from cli_support import invoke, run_json
@@ -15,6 +20,7 @@ from store_places import SqliteFilePlace, StorePlace
 from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.testing import T0, dump_tables
 
+REPO = Path(__file__).resolve().parents[1]
 AUTHORITY = {"principal": {"type": "service", "id": "ops"}, "requestedCapabilities": ["mail.send"]}
 
 
@@ -117,3 +123,38 @@ def test_a_refused_cancel_exits_1_and_writes_nothing(
     assert body["error"]["code"] == code
     assert invoke("cancel", target, *db).exit_code == 1
     assert dump_tables(store) == before
+
+
+HOSTILE_REASON = "lone \ud800, escaped-byte \udcff, escape \x1b[31m, rtl \u202e, nul \x00"
+
+
+STRICT_UTF8: Final = {"PYTHONIOENCODING": "utf-8"}
+C_LOCALE: Final = {"LC_ALL": "C.UTF-8"}
+"""Python's stdout then uses ``surrogateescape``: a lone surrogate came out as a raw, non-UTF-8 byte."""
+
+
+def test_listings_of_a_reason_no_encoding_can_print_exit_0_with_valid_utf8_json(
+    store: SchedulerStore, db: list[str]
+) -> None:
+    """A reason is any text JSON can hold (API §3: lone surrogates too). The operator's listings,
+    run as real processes under a strict UTF-8 stdout or the C locale's surrogateescape, print it
+    escaped: exit 0, stdout valid UTF-8, and ``--json`` decodes back to the stored reason."""
+    cancelled = store.cancel_occurrence(occurrence_id=enqueue(store, "hostile"), reason=HOSTILE_REASON)
+
+    def run(encoding: dict[str, str], *args: str) -> str:
+        environment = {
+            key: value for key, value in os.environ.items() if key not in ("PYTHONIOENCODING", "LC_ALL")
+        }
+        environment.update(encoding, PYTHONPATH=str(REPO), COLUMNS="200")
+        done = subprocess.run(
+            [sys.executable, "-m", "scheduler", *args, *db], capture_output=True, env=environment, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
+        return done.stdout.decode("utf-8")  # strict: raises on a raw surrogate-escaped byte
+
+    listed = json.loads(run(STRICT_UTF8, "dead-letters", "--json"))
+    assert listed["deadLetters"][0]["lastError"] == {"code": "CANCELLED", "message": HOSTILE_REASON}
+    history = json.loads(run(C_LOCALE, "history", "--occurrence", cancelled.id, "--json"))
+    assert HOSTILE_REASON in [event["data"].get("reason") for event in history["events"]]
+    shown = run(STRICT_UTF8, "occurrences", "show", cancelled.id)
+    assert "\\ud800" in shown and "\x1b" not in shown

@@ -184,6 +184,24 @@ BAD_OPTIONS = [
     ("worker", "tests.handlers:HANDLERS", "--lease-ms", "86400001"),
     ("worker", "tests.handlers:HANDLERS", "--missed-ticks", "some"),
     ("worker", "tests.handlers:HANDLERS", "--concurrency", "0"),
+    ("tasks", "list", "--status", "bogus"),
+    ("tasks", "list", "--limit", "0"),
+    ("tasks", "list", "--task", ""),
+    ("tasks", "list", "--queue", "q" * 129),
+    ("tasks", "list", "--code", "\t"),
+    ("tasks", "list", "--after", "\udcff"),
+    ("tasks", "show", "\udcff"),
+    ("tasks", "cancel"),
+    ("tasks", "cancel", "occ_x", "--all"),
+    ("tasks", "cancel", "occ_x", "--queue", "q"),
+    ("tasks", "cancel", "occ_x", "--reason", "r" * 2_001),
+    ("tasks", "cancel", "--all"),
+    ("tasks", "cancel", "--all", "--queue", "q", "--status", "succeeded"),
+    ("tasks", "cancel", "--all", "--queue", "q", "--reason", "r" * 2_001),
+    ("tasks", "retry"),
+    ("tasks", "retry", "occ_x", "--code", "X"),
+    ("tasks", "retry", "--all", "--dry-run"),
+    ("tasks", "retry", "\udcff"),
 ]
 DECIDE = ["adjudication", "decide", "--evidence-digest", "sha256:" + "ab" * 32, "--operator", "o"]
 BAD_DECISIONS = [
@@ -223,8 +241,12 @@ def test_a_bad_decision_option_exits_2_and_creates_nothing(tmp_path: Path, optio
         ("pause", "occ_x"),
         ("resume", "occ_x"),
         ("prune", "--older-than", "30d"),
+        ("tasks", "cancel", "occ_x"),
+        ("tasks", "retry", "occ_x"),
+        ("tasks", "cancel", "--all", "--queue", "q"),
+        ("tasks", "retry", "--all", "--code", "X", "--dry-run"),
     ],
-    ids=lambda arguments: arguments[0],
+    ids=lambda arguments: "-".join(arguments[:3]),
 )
 def test_a_write_command_on_a_missing_database_is_not_found_and_creates_nothing(
     tmp_path: Path, arguments: tuple[str, ...]

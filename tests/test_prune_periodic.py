@@ -158,3 +158,35 @@ def test_prune_keeps_the_newest_tick_of_each_trigger_type(place: StorePlace) -> 
     fired = Worker(restarted, {"tick": noop}, missed_ticks="all").fire_due_triggers()
     assert [o.trigger_key for o in fired] == [f"interval:120000@{T0}:7"]
     restarted.close()
+
+
+def test_a_worker_suspended_past_the_prune_horizon_does_not_refire_pruned_ticks(place: StorePlace) -> None:
+    """Two workers with ``missed_ticks="all"``: B fires the first ticks, then is suspended (its
+    process stopped, its host asleep) while A fires and runs an hour of ticks and a prune deletes
+    all but the newest. B, resumed, still remembers its own last tick: the ticks between it and the
+    newest are gone from the database, so only the store, not B's memory, can say they fired.
+    Nothing runs twice; B fires the next due tick once."""
+    clock = SchedulerClock(T0)
+    store_a, store_b = place.open(clock=clock), place.open(clock=clock)
+    add_job(store_a, "beat", kind="tick", trigger={"type": "interval", "everyMs": MINUTE, "anchor": T0})
+    runs: list[str] = []
+
+    def record(occurrence: Any, ctx: Any) -> None:
+        runs.append(occurrence.trigger_key)
+
+    worker_a = Worker(store_a, {"tick": record}, missed_ticks="all")
+    worker_b = Worker(store_b, {"tick": record}, missed_ticks="all")
+    for minute in range(3):
+        clock.set(T0 + minute * MINUTE)
+        worker_b.fire_due_triggers()
+        worker_a.run_until_idle()
+    for minute in range(3, 61):  # B is suspended
+        clock.set(T0 + minute * MINUTE)
+        worker_a.run_until_idle()
+    assert store_a.prune(older_than_ms=10 * MINUTE).occurrences == 50  # interval:0…49
+    clock.set(T0 + 61 * MINUTE)
+    assert [o.trigger_key for o in worker_b.fire_due_triggers()] == ["interval:61"]
+    assert worker_b.run_until_idle() == 1
+    assert runs == [f"interval:{k}" for k in range(62)]
+    store_a.close()
+    store_b.close()

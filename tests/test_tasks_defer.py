@@ -107,6 +107,23 @@ def test_a_key_names_one_run_and_its_arguments_are_checked(place: StorePlace) ->
         assert unkeyed[0].id != unkeyed[1].id  # without a key every defer is a new run
 
 
+def test_a_key_compares_calls_with_their_defaults_filled_in(place: StorePlace) -> None:
+    with tasks_on(place) as tasks:
+
+        @tasks.task(name="welcome")
+        def welcome(user_id: int, locale: str = "en", when: object = object()) -> None: ...
+
+        first = welcome.defer(42, key="w")
+        assert welcome.defer(42, "en", key="w").deduplicated is True  # the default, spelled out
+        explicit = welcome.defer(user_id=7, locale="en", key="w7")
+        assert welcome.defer(7, key="w7").id == explicit.id
+        with pytest.raises(SchedulerKernelError) as mismatch:
+            welcome.defer(42, locale="fr", key="w")
+        assert mismatch.value.details["runId"] == first.id
+        assert run_row(place, first.id)["payload_json"] == '{"args":{"user_id":42}}'  # defaults not stored
+        assert count(place, "occurrences") == 2
+
+
 def test_defer_many_is_one_transaction(place: StorePlace) -> None:
     with tasks_on(place) as tasks:
         add = tasks.task(name="add")(lambda a, b: a + b)
@@ -186,6 +203,8 @@ def _define(tasks: Tasks, **options: Any) -> Any:
         (lambda t: t.periodic(every_ms=True)(lambda: None), "a bool interval"),
         (lambda t: t.periodic()(lambda: None), "no schedule"),
         (lambda t: t.periodic(cron="* * * * *", every_ms=5)(lambda: None), "two schedules"),
+        (lambda t: t.periodic(every_ms=5)(lambda tick, other: None), "a tick function needing two values"),
+        (lambda t: t.periodic(every_ms=5)(lambda *, when: None), "a tick function needing a keyword"),
         (lambda t: t.periodic(every_ms=5, timezone="UTC")(lambda: None), "a zone without cron"),
         (lambda t: t.task(name="t")(lambda key: None), "a parameter named key"),
         (lambda t: t.task(name="t")(lambda run_at=None: None), "a parameter named run_at"),
@@ -208,6 +227,14 @@ def test_definitions_are_checked_when_decorated(tmp_path: Path, define: Any, wha
         define(tasks)
     assert refused.value.code == INVALID, what
     assert not (tmp_path / "never-opened.sqlite").exists()  # decorating touches no database
+
+
+def test_a_periodic_function_takes_the_tick_or_nothing(tmp_path: Path) -> None:
+    tasks = Tasks(tmp_path / "never-opened.sqlite")
+    for number, function in enumerate(
+        [lambda: None, lambda tick: None, lambda tick, other=1: None, lambda *ticks: None, lambda ctx: None]
+    ):
+        assert tasks.periodic(every_ms=5, name=f"p{number}")(function).definition.periodic
 
 
 def _main_function() -> Any:
@@ -251,3 +278,19 @@ def test_registration_creates_then_updates_a_changed_definition(place: StorePlac
         )
         assert job.authority["principal"] == {"type": "service", "id": "shop"}
         assert job.payload["runtimeControl"]["pauseResume"] == "checkpoint_v1"
+
+
+def test_registration_sends_only_the_changed_fields(place: StorePlace) -> None:
+    """A periodic task whose ``max_attempts`` changed: the update names that field alone, so the
+    schedule (its trigger) is not counted as changed."""
+    with tasks_on(place) as tasks:
+        tasks.periodic(name="beat", every_ms=60_000, max_attempts=2)(lambda tick: None)
+        tasks.register()
+    with tasks_on(place) as changed:
+        changed.periodic(name="beat", every_ms=60_000, max_attempts=5)(lambda tick: None)
+        (job,) = changed.register()
+        assert (job.revision, job.max_attempts) == (2, 5)
+        with place.open() as store:
+            assert store.periodic_state(job_id="beat").trigger_changed_at is None
+    rows = place.sql("SELECT data_json FROM events WHERE event_type = 'job_updated'")
+    assert [row[0] for row in rows] == ['{"changedFields":["maxAttempts"],"fromRevision":1,"toRevision":2}']

@@ -6,6 +6,8 @@ the same; ``get_async`` and ``await run.wait()``."""
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from store_places import PostgresSchemaPlace, StorePlace
 from tasks_support import count, tasks_on, working
 
 from scheduler import SchedulerKernelError, Tasks
+from scheduler.aio import open_async_store
 
 
 def app_engine(place: StorePlace) -> Engine:
@@ -183,3 +186,90 @@ def test_tasks_take_an_engine_an_async_engine_or_an_open_store(place: StorePlace
     finally:
         engine.dispose()
         asyncio.run(async_engine.dispose())
+
+
+def test_tasks_on_an_open_async_store_keep_to_its_schema_and_clock(place: StorePlace) -> None:
+    """The sync side (sync calls, workers) of ``Tasks(async_store)`` opens the async store's own
+    database, schema and clock — not the default schema."""
+    pinned = 1_767_225_600_000
+    schema = {"schema": place.schema} if isinstance(place, PostgresSchemaPlace) else {}
+
+    async def scenario() -> list[Any]:
+        engine = async_app_engine(place)
+        store = await open_async_store(engine, clock=lambda: pinned, **schema)
+        tasks = Tasks(store)
+        double = tasks.task(name="double")(lambda value: value * 2)
+        try:
+            first = await double.defer_async(1)
+            second = await asyncio.to_thread(double.defer, 2)  # the sync side
+            worker = tasks.worker()
+            try:
+                ran = await asyncio.to_thread(worker.run_until_idle)
+            finally:
+                worker.close()
+            values = [await first.wait(timeout_s=0), await second.wait(timeout_s=0)]
+            return [ran, values, first.scheduled_for, second.scheduled_for]
+        finally:
+            await tasks.aclose()
+            await store.close()
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == [2, [2, 4], pinned, pinned]
+    assert count(place, "jobs") == 1 and count(place, "occurrences") == 2
+
+
+def test_tasks_on_an_async_url_run_sync_calls_and_workers_with_the_sync_driver(place: StorePlace) -> None:
+    """``Tasks("postgresql+asyncpg://…")`` / ``Tasks("sqlite+aiosqlite:///…")``, as an async
+    application writes it: async calls use that driver, sync calls and workers the matching sync
+    one on the same database (as with an ``AsyncEngine``)."""
+    engine = async_app_engine(place)
+    url = engine.url.render_as_string(hide_password=False)
+    asyncio.run(engine.dispose())
+    schema = {"schema": place.schema} if isinstance(place, PostgresSchemaPlace) else {}
+    with Tasks(url, **schema) as tasks:
+        double = tasks.task(name="double")(lambda value: value * 2)
+
+        async def from_asyncio() -> Any:
+            run = await double.defer_async(1)
+            await tasks.aclose()
+            return run
+
+        first = asyncio.run(from_asyncio())
+        second = double.defer(2)
+        worker = tasks.worker()
+        try:
+            assert worker.run_until_idle() == 2
+        finally:
+            worker.close()
+        assert [first.result(timeout_s=0), second.result(timeout_s=0)] == [2, 4]
+    assert count(place, "occurrences") == 2
+
+
+def _connections(place: StorePlace, tag: str) -> int:
+    """Open connections to the place's database: PostgreSQL sessions named ``tag``, or this
+    process's file descriptors on the SQLite file."""
+    if isinstance(place, PostgresSchemaPlace):
+        rows = place.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = ?", (tag,))
+        return int(rows[0][0])
+    descriptors = Path("/proc/self/fd")
+    return sum(1 for fd in descriptors.iterdir() if os.path.realpath(fd) == str(place.path.resolve()))
+
+
+def test_concurrent_first_async_calls_open_one_async_store(place: StorePlace) -> None:
+    """Ten ``defer_async`` at once as a loop's first calls (a burst of first requests) share one
+    async store, and ``aclose()`` leaves no connection open."""
+    tag = f"tasks_test_{os.getpid()}"
+    if isinstance(place, PostgresSchemaPlace):
+        url = place.server.url.set(drivername="postgresql+psycopg_async", query={"application_name": tag})
+        tasks = Tasks(url.render_as_string(hide_password=False), schema=place.schema)
+    else:
+        tasks = Tasks(f"sqlite+aiosqlite:///{place.path}")
+    double = tasks.task(name="double")(lambda value: value * 2)
+
+    async def burst() -> list[int]:
+        runs = await asyncio.gather(*(double.defer_async(index) for index in range(10)))
+        opened = _connections(place, tag)
+        await tasks.aclose()
+        return [len({run.id for run in runs}), opened, _connections(place, tag)]
+
+    assert asyncio.run(burst()) == [10, 1, 0]  # ten runs, through one connection, closed

@@ -5,6 +5,7 @@ once (creation, then a changed definition: one compare-and-set update, every pro
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,20 @@ import pytest
 from process_support import (
     FORKSERVER,
     start_processes,
+    start_python,
     start_scheduler,
     stop_gracefully,
     stop_processes,
     wait_processes,
 )
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
 from store_places import StorePlace
-from task_app import APP, register_app, run_app_worker
-from tasks_support import app_environment, application, target_of
+from task_app import APP, make_app, register_app, run_app_worker
+from tasks_support import app_environment, application, run_row, target_of
 from test_worker_processes import db_options
+from worker_support import wait_for
 
 WORKERS = 8
 CAP = 3
@@ -129,3 +135,104 @@ def test_many_processes_registering_at_once_all_succeed(place: StorePlace) -> No
     assert [tuple(row) for row in rows] == [("app.slow", 2), ("app.urgent", 1)]
     events = place.sql("SELECT event_type, count(*) FROM events GROUP BY event_type ORDER BY event_type")
     assert [tuple(row) for row in events] == [("job_created", 2), ("job_updated", 1)]
+
+
+def test_a_worker_given_only_db_serves_the_schema_of_its_tasks_object(home: Path, pg_database: URL) -> None:
+    """``scheduler worker app:tasks --db URL`` without ``--schema``: the schema is the ``Tasks``
+    object's (``Tasks(url, schema="shop")``), not the default ``scheduler``."""
+    url = pg_database.render_as_string(hide_password=False)
+    environment = {"TASKS_TEST_URL": url, "TASKS_TEST_SCHEMA": "shop"}
+    worker = start_scheduler(
+        home, "worker", "app_module:tasks", "--db", url, "--poll-max-ms", "50", environment=environment
+    )
+    try:
+        with make_app(url, "shop") as tasks:
+            assert tasks["app.urgent"].defer("hello").result(timeout_s=30) == "HELLO"
+    finally:
+        code, stderr = stop_gracefully(worker)
+    assert code == 0, stderr[-2000:]
+    engine = create_engine(pg_database, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            schemas = connection.exec_driver_sql(
+                "SELECT schema_name FROM information_schema.schemata"
+                " WHERE schema_name IN ('shop', 'scheduler')"
+            )
+            assert sorted(row[0] for row in schemas) == ["shop"]
+    finally:
+        engine.dispose()
+
+
+LEASE_MS = 1_000
+
+
+def test_a_killed_workers_slot_in_a_capped_queue_frees_when_its_lease_expires(place: StorePlace) -> None:
+    """Cap 1: a worker process killed (SIGKILL) mid-run holds the queue's one slot until its
+    lease expires, then another process runs the next run. (One attempt only, so the expired run
+    is dead-lettered rather than taken again.)"""
+    target, where = target_of(place)
+    arguments = (target, where.get("schema"), 1, LEASE_MS, 1)
+    with application(place, cap=1, attempts=1) as tasks:
+        slow = tasks["app.slow"]
+        first = slow.defer(0, seconds=60)
+        (holder,) = start_processes(run_app_worker, [arguments])
+        wait_for(lambda: statuses(place, "app.slow") == {"running": 1}, 30, "the first run to start")
+        started = FORKSERVER.Event()
+        (other,) = start_processes(run_app_worker, [(*arguments, started)])
+        try:
+            assert started.wait(30)
+            second = slow.defer(1, seconds=0)
+            time.sleep(0.5)
+            assert (tasks.get(second.id) or second).status == "queued"  # the one slot is taken
+            holder.kill()
+            holder.join()
+            expires = run_row(place, first.id)["lease_expires_at"]  # renewed no more
+            assert second.result(timeout_s=30) == {"index": 1, "pid": other.pid}
+        finally:
+            stop_processes([holder, other])
+        claimed = place.sql(
+            "SELECT occurred_at FROM events WHERE occurrence_id = ? AND event_type = 'occurrence_claimed'",
+            (second.id,),
+        )
+        assert claimed[0][0] >= expires  # not before the killed worker's lease expired
+        assert (tasks.get(first.id) or first).status == "dead_letter"
+
+
+FORKING = textwrap.dedent(
+    """
+    import os
+    import sys
+
+    sys.path.insert(0, os.getcwd())
+    from app_module import tasks
+
+    urgent = tasks["app.urgent"]
+    tasks.register()  # at startup, before the server forks its workers (gunicorn --preload)
+    print(urgent.defer("parent").result(timeout_s=30), flush=True)  # stores and LISTEN opened
+    pid = os.fork()
+    if pid == 0:
+        try:
+            print(urgent.defer("child").result(timeout_s=30), flush=True)
+        except BaseException as error:
+            print("child:", repr(error), flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    print(urgent.defer("again").result(timeout_s=30), flush=True)  # the parent's stores still work
+    """
+)
+
+
+def test_a_tasks_object_used_before_fork_works_in_the_child(home: Path, place: StorePlace) -> None:
+    (home / "forking.py").write_text(FORKING)
+    environment = app_environment(place)
+    options = ("--poll-max-ms", "50")
+    worker = start_scheduler(home, "worker", "app_module:tasks", *options, environment=environment)
+    try:
+        script = start_python(home, home / "forking.py", environment=environment)
+        out, err = script.communicate(timeout=90)
+    finally:
+        code, stderr = stop_gracefully(worker)
+    assert out.splitlines() == ["PARENT", "CHILD", "child exit 0", "AGAIN"], out + err[-3000:]
+    assert script.returncode == 0 and code == 0, stderr[-2000:]

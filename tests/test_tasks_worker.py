@@ -183,6 +183,23 @@ def test_a_periodic_task_runs_on_its_schedule_with_the_tick(place: StorePlace) -
         assert heartbeat(5) == 5
 
 
+def test_a_periodic_task_removed_from_the_code_no_longer_fires(place: StorePlace) -> None:
+    """Renamed in a new release: the old task's job keeps its trigger, but the workers of the new
+    code define no such task, so they fire none of its ticks (each would fail TASK_NOT_FOUND)."""
+    with tasks_on(place) as before:
+        before.periodic(name="beat_v1", every_ms=60_000, queue="beats")(lambda: None)
+        before.register()
+    with tasks_on(place) as after:
+        after.periodic(name="beat_v2", every_ms=60_000, queue="beats")(lambda: None)
+        worker = after.worker()
+        try:
+            assert worker.run_until_idle() == 1
+        finally:
+            worker.close()
+    rows = place.sql("SELECT job_id, status FROM occurrences")
+    assert [tuple(row) for row in rows] == [("beat_v2", "succeeded")]
+
+
 def test_a_pausable_task_pauses_at_a_checkpoint_and_resumes_from_it(place: StorePlace) -> None:
     with tasks_on(place) as tasks, place.open() as store:
         stepping = threading.Event()

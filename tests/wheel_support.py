@@ -56,6 +56,12 @@ class InstalledWheel:
         return location
 
 
+def _pip_environment() -> dict[str, str]:
+    """This process's environment without PYTHONPATH: a checkout on it (with its editable install's
+    ``*.egg-info``) would make pip take the wheel's distribution as installed already."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def build_wheel(workdir: Path) -> Path:
     source = workdir / "src"
     source.mkdir(parents=True)
@@ -65,6 +71,7 @@ def build_wheel(workdir: Path) -> Path:
     out = workdir / "wheel"
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
+        env=_pip_environment(),
         capture_output=True,
         text=True,
         check=False,
@@ -81,6 +88,7 @@ def install_wheel(workdir: Path) -> InstalledWheel:
     python = venv / "bin" / "python"
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        env=_pip_environment(),
         capture_output=True,
         text=True,
         check=False,

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import scheduler  # noqa: E402
 import scheduler.aio  # noqa: E402
+import scheduler.dashboard  # noqa: E402
 import scheduler.demo  # noqa: E402
 import scheduler.schema  # noqa: E402
 import scheduler.tasks  # noqa: E402
@@ -324,6 +325,7 @@ def render() -> str:
             inspect.getdoc(scheduler.testing.plugin) or "",
             "",
         ],
+        _functions("Web dashboard (`scheduler.dashboard`)", "scheduler.dashboard", ["create_app"]),
         _functions("Demo worker (`scheduler.demo`)", "scheduler.demo", ["run_demo", "run_worker", "perform"]),
         _classes("", "scheduler.demo", ["DemoReport"])[2:],
     ]

@@ -6,19 +6,21 @@ file shared with an application (the scheduler's tables beside its own, ``exclus
 detected and opened as such; ``--shared`` says so where nothing can be detected yet. Ids: every
 command that takes an id accepts a unique prefix; tables show short ids (``scheduler.cli.ids``). Read
 commands open the database read-only and never create or upgrade it; ``init``, ``upgrade``,
-``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume`` and
-``prune`` write. Every read command takes ``--json``.
+``adjudication decide``, ``demo``, ``worker``, ``requeue``, ``cancel``, ``pause``, ``resume``,
+``prune`` and ``tasks cancel|retry`` write; ``dashboard`` serves the web dashboard. Every read
+command takes ``--json``.
 Exit codes: 0 ok, 1 failure (verification failed, not found, refused), 2 usage error.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 
 from scheduler import bench
-from scheduler.cli import demo_cmd, operator, ops, reads, schema_cmds, worker_cmd
+from scheduler.cli import dashboard_cmd, demo_cmd, operator, ops, reads, schema_cmds, tasks_cmd, worker_cmd
 from scheduler.cli.common import DbOption, SchemaOption, SharedOption, configure_logging, set_root_db
 
 app = typer.Typer(
@@ -57,17 +59,33 @@ app.add_typer(operator.migrations_app, name="migrations")
 app.add_typer(operator.controls_app, name="controls")
 app.command("demo")(demo_cmd.demo_command)
 app.command("worker")(worker_cmd.worker_command)
+app.add_typer(tasks_cmd.tasks_app, name="tasks")
 app.command("requeue")(ops.requeue_command)
 app.command("cancel")(ops.cancel_command)
 app.command("pause")(ops.pause_command)
 app.command("resume")(ops.resume_command)
 app.command("prune")(ops.prune_command)
 app.command("stats")(ops.stats_command)
+app.command("dashboard")(dashboard_cmd.dashboard_command)
 bench.register(app)
+
+
+def _escape_unencodable_output() -> None:
+    """Print text the terminal's encoding cannot hold as ``\\uXXXX`` escapes instead of failing.
+
+    Stored strings may hold lone surrogates (canonical JSON keeps them, as JavaScript does); UTF-8
+    cannot encode them, so a strict stdout raised and the C locale's ``surrogateescape`` wrote raw
+    bytes that are not UTF-8. Escaped, a table shows them and ``--json`` stays valid JSON that decodes
+    back to the stored value (the escape is JSON's own)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 def main() -> None:
     """Console-script entry point (``scheduler``)."""
+    _escape_unencodable_output()
     app()
 
 

@@ -463,11 +463,13 @@ def read_store(db: str | None) -> Iterator[SchedulerStore]:
 
 
 @contextmanager
-def write_store(db: str | None) -> Iterator[SchedulerStore]:
+def write_store(db: str | None, *, default_schema: str | None = None) -> Iterator[SchedulerStore]:
     """A store for write commands (``open_store``: creates or upgrades to the current schema);
-    a shared SQLite file (:func:`target_is_shared`) is opened with ``exclusive=False``."""
+    a shared SQLite file (:func:`target_is_shared`) is opened with ``exclusive=False``.
+    ``default_schema``: the PostgreSQL schema when ``--schema`` names none (else ``scheduler``)."""
     target, schema = resolve_target(db), resolve_schema()
     if pg_target.is_postgresql(target):
+        schema = schema or default_schema
         with open_store(target, schema=schema) as store:
             yield store
         return

@@ -13,6 +13,7 @@ commands need an existing database: they never create one.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
 import typer
@@ -70,7 +71,7 @@ def _require_database(db: str | None) -> None:
     require_database(db)
 
 
-def _occurrence(store: SchedulerStore, occurrence_id: str) -> Occurrence:
+def occurrence_or_not_found(store: SchedulerStore, occurrence_id: str) -> Occurrence:
     occurrence = store.get_occurrence(occurrence_id)
     if occurrence is None:
         raise not_found("occurrence", occurrence_id)
@@ -93,6 +94,10 @@ def _print_occurrence(occurrence: Occurrence, short: str, note: str) -> None:
 FenceOption = Annotated[
     int | None,
     typer.Option("--fence", min=1, help="Expected fence (default: the occurrence's current fence)."),
+]
+ReasonOption = Annotated[
+    str | None,
+    typer.Option("--reason", help="Why: the dead letter's error message (at most 2,000 characters)."),
 ]
 RequestOption = Annotated[
     str | None, typer.Option("--request-id", help="Idempotency key (default: derived from the evidence).")
@@ -118,9 +123,9 @@ def requeue_command(
     resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
     occurrence_id = resolved.id
     with write_store(db) as store:
-        current = _occurrence(store, occurrence_id)
+        current = occurrence_or_not_found(store, occurrence_id)
         pinned = fence is not None or request_id is not None
-        made = None if pinned else _requeue_made(store, current, error_code)
+        made = None if pinned else requeue_made(store, current, error_code)
         if made is not None:
             expected_fence, code, request = made
         else:
@@ -146,13 +151,47 @@ def requeue_command(
         _print_occurrence(result.occurrence, resolved.short, note)
 
 
+@dataclass(frozen=True)
+class Cancelled:
+    """What a cancel command did: the occurrence before and after, whether it was already
+    cancelled (a replay: nothing changed), its short id and its queue (job kind)."""
+
+    before: Occurrence
+    after: Occurrence
+    already: bool
+    short: str
+    queue: str | None
+
+
+def cancel_one(db: str | None, occurrence_id: str, reason: str | None) -> Cancelled:
+    """``cancel_occurrence`` of the occurrence an id or unique prefix names (arguments checked
+    before the database is opened; an existing database only)."""
+    key_option(occurrence_id, "occurrenceId")
+    normalize_cancel_reason(reason)
+    _require_database(db)
+    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
+    with write_store(db) as store:
+        current = occurrence_or_not_found(store, resolved.id)
+        already = is_cancelled(current.status, current.last_error)
+        cancelled = store.cancel_occurrence(occurrence_id=resolved.id, reason=reason)
+        job = store.get_job(cancelled.job_id)
+    return Cancelled(current, cancelled, already, resolved.short, None if job is None else job.kind)
+
+
+def print_running_note(done: Cancelled) -> None:
+    """The operator's warning when the cancelled occurrence was running."""
+    if done.before.status == "running" and not done.already:
+        console().print(
+            f"it was running (owner {done.before.lease_owner}): the worker is told at its next lease "
+            "renewal, and its effects may be partly applied",
+            markup=False,
+        )
+
+
 @command
 def cancel_command(
     occurrence_id: str,
-    reason: Annotated[
-        str | None,
-        typer.Option("--reason", help="Why: the dead letter's error message (at most 2,000 characters)."),
-    ] = None,
+    reason: ReasonOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -161,27 +200,18 @@ def cancel_command(
     A running handler is told at its next lease renewal (its effects may be partly applied).
     Cancelling it again changes nothing; ``scheduler requeue`` puts it back.
     """
-    key_option(occurrence_id, "occurrenceId")
-    normalize_cancel_reason(reason)
-    _require_database(db)
-    resolved = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id)
-    occurrence_id = resolved.id
-    with write_store(db) as store:
-        current = _occurrence(store, occurrence_id)
-        already = is_cancelled(current.status, current.last_error)
-        cancelled = store.cancel_occurrence(occurrence_id=occurrence_id, reason=reason)
+    done = cancel_one(db, occurrence_id, reason)
     if as_json:
         emit_json(
-            {"occurrence": cancelled.to_dict(), "previousStatus": current.status, "deduplicated": already}
+            {
+                "occurrence": done.after.to_dict(),
+                "previousStatus": done.before.status,
+                "deduplicated": done.already,
+            }
         )
         return
-    _print_occurrence(cancelled, resolved.short, "cancelled" + (" (already)" if already else ""))
-    if current.status == "running" and not already:
-        console().print(
-            f"it was running (owner {current.lease_owner}): the worker is told at its next lease "
-            "renewal, and its effects may be partly applied",
-            markup=False,
-        )
+    _print_occurrence(done.after, done.short, "cancelled" + (" (already)" if done.already else ""))
+    print_running_note(done)
 
 
 def _last_error_code(occurrence: Occurrence) -> str:
@@ -191,7 +221,7 @@ def _last_error_code(occurrence: Occurrence) -> str:
     return code
 
 
-def _requeue_made(
+def requeue_made(
     store: SchedulerStore, current: Occurrence, error_code: str | None
 ) -> tuple[int, str, str] | None:
     """(fence, error code, request id) of the requeue that already sent the occurrence's last dead
@@ -237,7 +267,7 @@ def pause_command(
     _require_database(db)
     occurrence_id = ids.resolve_before_write(db, ids.OCCURRENCE, occurrence_id).id
     with write_store(db) as store:
-        current = _occurrence(store, occurrence_id)
+        current = occurrence_or_not_found(store, occurrence_id)
         if fence is None and current.fence == 0:  # never claimed: no fence to expect
             raise SchedulerKernelError(
                 "SCHEDULER_OCCURRENCE_NOT_RUNNING",

@@ -184,7 +184,12 @@ def worker_command(
     with ExitStack() as stack:
         if isinstance(target, Tasks):
             chosen = explicit_db(db)
-            store = None if chosen is None else stack.enter_context(write_store(resolve_target(chosen)))
+            # --db without --schema: the Tasks object's own schema (its runs are deferred there)
+            store = (
+                None
+                if chosen is None
+                else stack.enter_context(write_store(resolve_target(chosen), default_schema=target.schema))
+            )
             worker: Worker = target.worker(ordered, store=store, **options)
         else:
             store = stack.enter_context(write_store(resolve_target(db)))

@@ -248,7 +248,7 @@ _RESERVATIONS: Final = Prepared(
 )
 
 
-def _candidate_cases(tx: Tx, rows: Sequence[Any]) -> list[AdjudicationCase]:
+def candidate_cases(tx: Tx, rows: Sequence[Any]) -> list[AdjudicationCase]:
     """Cases of candidate rows (outcome-unknown dead letters without an adjudication, read in
     this snapshot), their reservations read with one query."""
     ids = [row.occurrence_id for row in rows]
@@ -272,7 +272,7 @@ def list_adjudication_cases_in(tx: Tx, limit: int) -> list[AdjudicationCase]:
     count = limit
     while True:
         candidates = newest_dead_letters(tx, unknown_only=True, count=count)
-        for case in _candidate_cases(tx, candidates[loaded:]) if len(candidates) > loaded else []:
+        for case in candidate_cases(tx, candidates[loaded:]) if len(candidates) > loaded else []:
             if case.eligible:
                 cases.append(case)
                 if len(cases) == limit:

@@ -57,12 +57,16 @@ def attempts_allow(row: StoredRow) -> bool:
 
 
 def keeps_attempt(row: StoredRow) -> bool:
-    """The claim's attempt increment is 0 (seed: the CASE in the claim UPDATE)."""
+    """The claim's attempt increment is 0 (seed: the CASE in the claim UPDATE).
+
+    A requeue request keeps the attempt of a run that used one; a run cancelled before any claim
+    (attempt 0, the only way a never-claimed run becomes a requeueable dead letter) is claimed as
+    attempt 1, so no run is ever ``running`` at attempt 0 (an adjudication needs a positive one)."""
     state = row.control_state
     return (
         state == PAUSE_REQUESTED
         or (state == RESUMED and row.control_expected_fence == row.fence)
-        or row.retry_request_id is not None
+        or (row.retry_request_id is not None and row.attempt > 0)
     )
 
 

@@ -8,11 +8,11 @@ see "Clocks" in ``docs/operations.md``.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
+
+from scheduler.store.lifecycle import reset_after_fork
 
 
 def wall_clock() -> int:
@@ -32,7 +32,7 @@ class NonDecreasingClock:
         self._source = source
         self._last: int | None = None
         self._lock = threading.Lock()
-        _CLOCKS.add(self)
+        reset_after_fork(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # a lock held by another thread at fork stays held forever
@@ -47,16 +47,6 @@ class NonDecreasingClock:
             return value
 
 
-_CLOCKS: weakref.WeakSet[NonDecreasingClock] = weakref.WeakSet()
-
-
-def _reset_locks_after_fork() -> None:
-    for clock in list(_CLOCKS):
-        clock._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_locks_after_fork)
 
 _PROCESS_CLOCK = NonDecreasingClock()
 

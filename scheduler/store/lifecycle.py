@@ -91,10 +91,26 @@ def keep_forever(value: object) -> None:
 _IMMORTAL: list[object] = []
 
 
+class ResetAfterFork(Protocol):
+    def _after_fork(self) -> None: ...
+
+
+_RESETS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def reset_after_fork(value: ResetAfterFork) -> None:
+    """Call ``value._after_fork()`` in a child process right after ``os.fork()`` (after the
+    inherited runners are quarantined), for as long as ``value`` lives: new locks, forgotten
+    stores."""
+    _RESETS.add(value)
+
+
 def _after_fork_in_child() -> None:
     for runner in list(_LIVE):
         runner.mark_forked()
     _LIVE.clear()
+    for value in list(_RESETS):
+        value._after_fork()
 
 
 if hasattr(os, "register_at_fork"):

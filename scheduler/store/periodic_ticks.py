@@ -8,8 +8,9 @@ host decides the same):
   occurrences it has (``latest_ticks_in``; ``prune`` keeps exactly these rows);
 * when its trigger was last changed (``trigger_changed_at``: job-level events, never pruned);
 * an enqueue of a tick that happens only while the job is still at the revision the tick was
-  computed from (``enqueue_tick_in``), so no worker that has not yet seen a change fires a tick of
-  the old schedule after it.
+  computed from and has fired no tick of that type at or after it (``enqueue_tick_in``), so no
+  worker that has not yet seen a change fires a tick of the old schedule after it, and none whose
+  memory of the last fired tick is stale fires a tick again that a prune deleted.
 """
 
 from __future__ import annotations
@@ -17,15 +18,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import bindparam, case, func, select
+from sqlalchemy import and_, bindparam, case, func, or_, select
 
 from scheduler.contract.scalars import assert_positive_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.base import StoreBase
 from scheduler.store.jobs import load_job, not_found, trigger_changed_at
-from scheduler.store.occurrences import OMITTED, EnqueueRequest, enqueue_once_in, normalize_enqueue
+from scheduler.store.occurrence_rows import occurrence_record
+from scheduler.store.occurrences import (
+    OMITTED,
+    EnqueueRequest,
+    enqueue_in,
+    enqueue_once_in,
+    normalize_enqueue,
+)
 from scheduler.store.records import Job, Occurrence, Record
+from scheduler.store.rows import data_corrupt
 from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
 
@@ -90,6 +99,30 @@ def _newest_ticks() -> Any:
     ).where(ranked.c.rank == 1)
 
 
+def _prior_or_later() -> Any:
+    key: Any = bindparam("trigger_key")
+    other_key = case((_o.c.trigger_key == key, 0), else_=1)
+    return (
+        select(_o, other_key.label("other_key"))
+        .where(
+            _o.c.job_id == bindparam("job_id"),
+            or_(
+                _o.c.trigger_key == key,
+                and_(
+                    _o.c.scheduled_for >= bindparam("at"),
+                    func.substr(_o.c.trigger_key, 1, bindparam("width")) == bindparam("prefix"),
+                ),
+            ),
+        )
+        .order_by(other_key, _o.c.created_at, _o.c.occurrence_id)
+        .limit(2)
+    )
+
+
+_PRIOR_OR_LATER: Final = Prepared(_prior_or_later())
+"""In one pass over the job's occurrences: those with the tick's key (first), else a tick of its
+type (key prefix) at or after it. Prune never deletes a job's newest tick of a type, so one exists
+whenever any tick at or after that instant ever fired."""
 _NEWEST_TICKS: Final = Prepared(_newest_ticks())
 """One pass over the job's occurrences (``scheduler_occurrences_job``), not bounded to its newest
 rows: a tick buried under any number of later occurrences is still found."""
@@ -111,16 +144,36 @@ def periodic_state_in(tx: Tx, job_id: str) -> PeriodicState | None:
 
 
 def enqueue_tick_in(tx: Tx, request: EnqueueRequest, job_revision: int) -> Occurrence | None:
-    """``enqueue_occurrence_once_per_trigger`` if the job is still at ``job_revision``, else ``None``.
+    """``enqueue_occurrence_once_per_trigger`` if the job is still at ``job_revision`` and fired no
+    tick of the same type at or after this one since; else ``None`` (nothing written).
 
     The job's row is locked before its revision is compared, and ``update_job`` locks it too, so
-    a tick is enqueued only under the trigger it was computed from."""
+    a tick is enqueued only under the trigger it was computed from. The later-tick check is what
+    the caller's floor (its last fired tick, read earlier) already says, taken again inside the
+    write: a caller whose memory is stale (suspended while other workers fired, and a prune then
+    deleted those ticks but the newest) would otherwise enqueue the pruned ticks again."""
     job = load_job(tx, request.job_id, lock=True)
     if job is None:
         raise not_found("job", request.job_id)
     if job.revision != job_revision:
         return None
-    return enqueue_once_in(tx, request)
+    prefix = tick_prefix(request.trigger_key)
+    if prefix is None:  # not a tick's key: nothing to compare it with
+        return enqueue_once_in(tx, request)
+    params = {
+        "job_id": request.job_id,
+        "trigger_key": request.trigger_key,
+        "at": request.scheduled_for,
+        "prefix": prefix,
+        "width": len(prefix),
+    }
+    rows = tx.all(_PRIOR_OR_LATER, params)
+    prior = [row for row in rows if row.other_key == 0]
+    if len(prior) > 1:
+        raise data_corrupt("Multiple occurrences exist for a unique job trigger")
+    if prior:
+        return occurrence_record(prior[0], deduplicated=True)
+    return None if rows else enqueue_in(tx, request)
 
 
 class PeriodicTickOperations(StoreBase):
@@ -145,8 +198,10 @@ class PeriodicTickOperations(StoreBase):
     ) -> Occurrence | None:
         """``enqueue_occurrence_once_per_trigger(job_id, scheduled_for, trigger_key)`` (the job's
         payload), done only if the job is still at ``job_revision``: ``None`` (nothing written) when
-        it changed since the tick was computed. ``SCHEDULER_NOT_FOUND`` / ``SCHEDULER_JOB_DISABLED``
-        as the enqueue; invalid arguments ``SCHEDULER_INVALID_ARGUMENT``."""
+        it changed since the tick was computed, or when the trigger key is new and the job already
+        fired a tick of its type (``cron:``, ``interval:``, ``once:``) at or after ``scheduled_for``.
+        ``SCHEDULER_NOT_FOUND`` / ``SCHEDULER_JOB_DISABLED`` as the enqueue; invalid arguments
+        ``SCHEDULER_INVALID_ARGUMENT``."""
         normalize_key(job_id, "jobId")
         revision = assert_positive_safe_int(job_revision, "jobRevision")
         request = normalize_enqueue(job_id, scheduled_for, trigger_key, None, OMITTED)

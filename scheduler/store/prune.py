@@ -6,7 +6,7 @@ It must be ``succeeded`` or ``dead_letter``, settled before the cutoff, and have
 * no pending adjudication: neither a recorded decision whose retry has not settled, nor an
   outcome-unknown dead letter still awaiting a decision (its evidence must stay readable);
 * no active runtime control (``pause_requested``, ``paused``, ``resumed``) and no unclaimed requeue
-  request;
+  request at its current fence (one a cancel left behind at an older fence can never be claimed);
 * no authority reservation in a budget window that is still open (the budget check compares the
   window's usage with its reservations, so they must stay until the window closes);
 * a job that is not the target of a domain-migration entry that can still be rolled back (rollback
@@ -83,7 +83,11 @@ def _eligible() -> Any:
             ~exists().where(_a.c.occurrence_id == _o.c.occurrence_id),
         ),
         ~exists().where(_c.c.occurrence_id == _o.c.occurrence_id, _c.c.state != "terminal"),
-        ~exists().where(_r.c.occurrence_id == _o.c.occurrence_id, _r.c.claimed_at.is_(None)),
+        ~exists().where(  # a request at an older fence (left by a cancel) can never be claimed
+            _r.c.occurrence_id == _o.c.occurrence_id,
+            _r.c.claimed_at.is_(None),
+            _r.c.expected_fence == _o.c.fence,
+        ),
         ~exists().where(
             _res.c.occurrence_id == _o.c.occurrence_id,
             _pol.c.principal_type == _res.c.principal_type,

@@ -115,7 +115,8 @@ class RequeueOperations(StoreBase):
     ) -> RequeueResult:
         """Requeue a dead letter whose fence and error code still match (idempotent by ``request_id``).
 
-        The next claim of the requeued occurrence does not consume an attempt.
+        The next claim of the requeued occurrence does not consume an attempt (a run cancelled before
+        any claim used none: its first claim is attempt 1).
         """
         identifier = normalize_key(occurrence_id, "occurrenceId")
         fence = assert_positive_safe_int(expected_fence, "expectedFence")

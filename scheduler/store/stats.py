@@ -82,7 +82,8 @@ def queue_depth_in(tx: Tx) -> list[QueueDepth]:
     return [QueueDepth(kind=row.kind, status=row.status, count=int(row.total)) for row in tx.execute(query)]
 
 
-def _oldest_due(tx: Tx, now: int) -> int | None:
+def oldest_due_in(tx: Tx, now: int) -> int | None:
+    """``available_at`` of the longest-waiting claimable occurrence at ``now`` (``None``: none due)."""
     found: list[int] = []
     for status in (QUEUED, RETRY_WAIT):
         query = (
@@ -108,7 +109,7 @@ def _count(tx: Tx, query: Any, parameters: Any = None) -> int:
 
 def stats_in(tx: Tx, now: int) -> StoreStats:
     statuses = _status_counts(tx)
-    oldest = _oldest_due(tx, now)
+    oldest = oldest_due_in(tx, now)
     expired = _count(
         tx,
         select(func.count()).where(_o.c.status == RUNNING, _o.c.lease_expires_at <= bindparam("now")),

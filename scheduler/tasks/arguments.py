@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from scheduler.contract.canonical import canonical_json, normalize_json
-from scheduler.contract.errors import invalid_argument
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.store.records import Occurrence
-from scheduler.tasks.definition import TaskDefinition
+from scheduler.tasks.definition import TaskDefinition, tick_arguments
 from scheduler.worker.triggers import PERIODIC_TYPES
 
 ARGS: Final = "args"
@@ -47,10 +47,29 @@ def payload_of(arguments: dict[str, Any], trace: dict[str, str] | None = None) -
     return {ARGS: arguments} if not trace else {ARGS: arguments, TRACE: trace}
 
 
-def same_call(payload: Any, arguments: dict[str, Any]) -> bool:
-    """Whether a stored run's payload holds these arguments (compared as canonical JSON)."""
+def _with_defaults(definition: TaskDefinition, arguments: Any) -> Any:
+    """``arguments`` plus the function's JSON defaults of the parameters it does not name."""
+    if not isinstance(arguments, dict):
+        return arguments
+    filled = dict(arguments)
+    for name, parameter in definition.signature.parameters.items():
+        if name in filled or parameter.default is inspect.Parameter.empty:
+            continue
+        try:
+            filled[name] = normalize_json(parameter.default, name)
+        except SchedulerKernelError:
+            continue  # a default that is not JSON: no call can spell it out
+    return filled
+
+
+def same_call(definition: TaskDefinition, payload: Any, arguments: dict[str, Any]) -> bool:
+    """Whether a stored run's payload holds the same call as these arguments: compared as
+    canonical JSON with the function's defaults filled in on both sides, so ``f(42)`` and
+    ``f(42, "en")`` are the same call when ``"en"`` is the default."""
     stored = payload.get(ARGS) if isinstance(payload, dict) else None
-    return canonical_json(stored) == canonical_json(arguments)
+    return canonical_json(_with_defaults(definition, stored)) == canonical_json(
+        _with_defaults(definition, arguments)
+    )
 
 
 def is_periodic_tick(occurrence: Occurrence) -> bool:
@@ -65,16 +84,7 @@ def call_of(definition: TaskDefinition, occurrence: Occurrence) -> tuple[list[An
     when the function takes one. A deferred run's stored arguments are bound back by name.
     """
     if is_periodic_tick(occurrence):
-        takes_one = any(
-            parameter.kind
-            in (
-                inspect.Parameter.POSITIONAL_ONLY,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                inspect.Parameter.VAR_POSITIONAL,
-            )
-            for parameter in definition.signature.parameters.values()
-        )
-        return ([occurrence.scheduled_for] if takes_one else []), {}
+        return tick_arguments(definition.signature, occurrence.scheduled_for), {}
     payload = occurrence.payload
     stored = payload.get(ARGS) if isinstance(payload, dict) else None
     if not isinstance(stored, dict):

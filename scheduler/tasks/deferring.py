@@ -104,7 +104,7 @@ def defer_on(store: SchedulerStore, calls: Sequence[DeferCall]) -> list[Occurren
 
     def check(index: int, occurrence: Occurrence) -> None:
         call = calls[index]
-        if occurrence.deduplicated and not same_call(occurrence.payload, call.arguments):
+        if occurrence.deduplicated and not same_call(call.definition, occurrence.payload, call.arguments):
             raise _mismatch(call, occurrence)
 
     return enqueue_now_or_at(store, [call.request(trace) for call in calls], check)

@@ -132,6 +132,31 @@ def periodic_trigger(cron: Any, timezone: Any, every_ms: Any) -> dict[str, Any]:
     return document
 
 
+def tick_arguments(signature: inspect.Signature, tick_ms: int) -> list[int]:
+    """What a periodic tick calls its function with: the tick's time (epoch ms) as the one
+    positional argument when the function takes one, else nothing."""
+    takes_one = any(
+        parameter.kind
+        in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.VAR_POSITIONAL,
+        )
+        for parameter in signature.parameters.values()
+    )
+    return [tick_ms] if takes_one else []
+
+
+def _check_tick_call(signature: inspect.Signature) -> None:
+    """A periodic function must be callable with the tick alone (else every tick would fail)."""
+    try:
+        signature.bind(*tick_arguments(signature, 0))
+    except TypeError as error:
+        raise invalid_argument(
+            f"a periodic task's function is called with the tick (epoch ms) or nothing: {error}"
+        ) from error
+
+
 def _timeout(value: Any) -> int | None:
     if value is None:
         return None
@@ -157,6 +182,8 @@ def define_task(
         raise invalid_argument("retry must be a RetryPolicy")
     if not isinstance(pausable, bool):
         raise invalid_argument("pausable must be True or False")
+    if trigger is not None:
+        _check_tick_call(signature)
     return TaskDefinition(
         name=task_name(function, name),
         queue=normalize_key(queue, "queue", 128),
@@ -180,4 +207,5 @@ __all__ = [
     "define_task",
     "periodic_trigger",
     "task_name",
+    "tick_arguments",
 ]

@@ -36,29 +36,35 @@ def cancel_run(store: SchedulerStore, run_id: str, reason: str | None) -> Occurr
     return store.cancel_occurrence(occurrence_id=run_id, reason=reason)
 
 
-def retry_run(store: SchedulerStore, run_id: str) -> Occurrence:
-    """Requeue a dead letter as it is now (its fence and error code), idempotently."""
-    occurrence = store.get_occurrence(run_id)
-    if occurrence is None:
-        raise _not_found(run_id)
+def retry_evidence(occurrence: Occurrence) -> tuple[int, str, str]:
+    """``requeue_dead_letter``'s evidence for retrying this dead letter as it is now: its fence, its
+    error code and the request id derived from them (so retrying it twice is one requeue).
+    ``SCHEDULER_CONFLICT`` when it is not a dead letter."""
     error = occurrence.last_error
     code = error.get("code") if isinstance(error, dict) else None
     if occurrence.status != "dead_letter" or not isinstance(code, str):
         raise SchedulerKernelError(
             "SCHEDULER_CONFLICT",
-            f"Only a dead letter can be retried: {run_id} is {occurrence.status}",
+            f"Only a dead letter can be retried: {occurrence.id} is {occurrence.status}",
             {"status": occurrence.status},
         )
+    return occurrence.fence, code[:128], f"retry:{occurrence.fence}:{occurrence.id}"[:128]
+
+
+def retry_run(store: SchedulerStore, run_id: str) -> Occurrence:
+    """Requeue a dead letter as it is now (its fence and error code), idempotently."""
+    occurrence = store.get_occurrence(run_id)
+    if occurrence is None:
+        raise _not_found(run_id)
+    fence, code, request = retry_evidence(occurrence)
     requeued = store.requeue_dead_letter(
-        occurrence_id=run_id,
-        expected_fence=occurrence.fence,
-        expected_error_code=code[:128],
-        request_id=f"retry:{occurrence.fence}:{run_id}"[:128],
+        occurrence_id=run_id, expected_fence=fence, expected_error_code=code, request_id=request
     )
     return requeued.occurrence
 
 
-def _statuses(status: Any) -> list[str]:
+def cancellable_statuses(status: Any) -> list[str]:
+    """``status`` (one of :data:`CANCELLABLE` or a list of them) checked; the list."""
     statuses = [status] if isinstance(status, str) else status
     if not isinstance(statuses, (list, tuple)) or not statuses:
         raise invalid_argument(f"status must be one of {', '.join(CANCELLABLE)} or a list of them")
@@ -99,16 +105,32 @@ def _each(
 
 
 def cancel_matching(
-    store: SchedulerStore, jobs: Sequence[str] | None, kinds: Sequence[str] | None, status: Any
+    store: SchedulerStore,
+    jobs: Sequence[str] | None,
+    kinds: Sequence[str] | None,
+    status: Any,
+    reason: str | None = None,
 ) -> int:
-    """Cancel every run of these jobs / kinds in ``status``; how many."""
+    """Cancel every run of these jobs / kinds in ``status`` (with ``reason``); how many."""
     return _each(
         store,
-        lambda occurrence: cancel_run(store, occurrence.id, None),
-        statuses=_statuses(status),
+        lambda occurrence: cancel_run(store, occurrence.id, reason),
+        statuses=cancellable_statuses(status),
         jobs=jobs,
         kinds=kinds,
     )
+
+
+def count_matching(
+    store: SchedulerStore,
+    jobs: Sequence[str] | None,
+    kinds: Sequence[str] | None,
+    statuses: Sequence[str],
+    code: str | None = None,
+) -> int:
+    """How many runs :func:`cancel_matching` (``statuses``) or :func:`retry_matching`
+    (``["dead_letter"]``, ``code``) would act on now (nothing is written)."""
+    return _each(store, lambda _: None, statuses=statuses, jobs=jobs, kinds=kinds, code=code)
 
 
 def retry_matching(
@@ -125,4 +147,13 @@ def retry_matching(
     )
 
 
-__all__ = ["CANCELLABLE", "cancel_matching", "cancel_run", "retry_matching", "retry_run"]
+__all__ = [
+    "CANCELLABLE",
+    "cancel_matching",
+    "cancel_run",
+    "cancellable_statuses",
+    "count_matching",
+    "retry_evidence",
+    "retry_matching",
+    "retry_run",
+]

@@ -10,17 +10,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from scheduler.aio import AsyncSchedulerStore
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import is_safe_int
 from scheduler.contract.storable import normalize_key, normalize_stored_authority
 from scheduler.store.facade import SchedulerStore
+from scheduler.store.lifecycle import keep_forever, reset_after_fork
 from scheduler.store.occurrence_rows import with_index
 from scheduler.store.records import Job, Occurrence
+from scheduler.tasks.asyncio_layer import async_api, is_async_connection, is_async_session
 from scheduler.tasks.deferring import DeferCall, defer_on
 from scheduler.tasks.definition import DEFAULT_QUEUE, TaskDefinition, define_task, periodic_trigger
 from scheduler.tasks.operations import cancel_matching, cancel_run, retry_matching, retry_run
@@ -31,6 +31,7 @@ from scheduler.tasks.task import Task
 from scheduler.tasks.waiting import SettleSignal, wait_until_ended, wait_until_ended_async
 
 if TYPE_CHECKING:
+    from scheduler.aio import AsyncSchedulerStore
     from scheduler.tasks.worker import TaskWorker
 
 P = ParamSpec("P")
@@ -130,6 +131,21 @@ class Tasks:
         self._lock = threading.Lock()
         self.signal = SettleSignal()
         """Wakes the waiters of :meth:`TaskRun.result` (see :mod:`scheduler.tasks.waiting`)."""
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: new locks, and a new signal (the parent's LISTEN thread is not here;
+        its connection, the parent's, is never touched)."""
+        self._lock = threading.Lock()
+        keep_forever(self.signal)
+        self.signal = SettleSignal()
+
+    @property
+    def schema(self) -> str | None:
+        """The PostgreSQL schema of the scheduler's tables (``None``: the default, ``scheduler``):
+        ``Tasks(schema=…)``, or an open store's own. ``scheduler worker`` given ``--db`` without
+        ``--schema`` uses it."""
+        return self._source.schema
 
     # ------------------------------------------------------------------ definitions
 
@@ -217,6 +233,12 @@ class Tasks:
     def __getitem__(self, name: str) -> Task[Any, Any]:
         return self._tasks[name]
 
+    @property
+    def store(self) -> SchedulerStore:
+        """The sync store these tasks use (opened on first use; :meth:`close` closes it if this
+        object opened it): what ``scheduler.dashboard.create_app(tasks)`` shows and acts on."""
+        return self._source.sync()
+
     def definition(self, name: str) -> TaskDefinition | None:
         """The definition of the task named ``name`` (a job id), or ``None``."""
         task = self._tasks.get(name)
@@ -277,7 +299,7 @@ class Tasks:
     def _caller_store(self, connection: Any) -> SchedulerStore:
         if isinstance(connection, Session):
             connection = connection.connection()
-        if isinstance(connection, (AsyncConnection, AsyncSession)):
+        if is_async_connection(connection):
             raise invalid_argument("an async connection is for defer_async")
         if not isinstance(connection, Connection):
             raise invalid_argument("connection must be a sqlalchemy Connection or ORM Session")
@@ -304,14 +326,15 @@ class Tasks:
         return self._runs(defer_on(store, calls), calls)
 
     async def _async_caller(self, connection: Any) -> AsyncSchedulerStore:
-        if isinstance(connection, AsyncSession):
+        if is_async_session(connection):
             connection = await connection.connection()
-        if not isinstance(connection, AsyncConnection):
+        if not is_async_connection(connection):
             raise invalid_argument("connection must be a sqlalchemy AsyncConnection or AsyncSession")
         options = self._options
-        return await AsyncSchedulerStore.on_connection(
+        store: AsyncSchedulerStore = await async_api().AsyncSchedulerStore.on_connection(
             connection, clock=options.clock, uuid_factory=options.uuid_factory, schema=options.schema
         )
+        return store
 
     async def _on_async(self, function: Callable[[SchedulerStore], T]) -> T:
         """``function(store)`` on the async store of this loop (or the sync store in a thread)."""

@@ -27,7 +27,7 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.queues import claim_next_capped, notify_settlements
-from scheduler.store.records import Occurrence
+from scheduler.store.records import Job, Occurrence
 from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.tasks.arguments import call_of, trace_of
 from scheduler.tasks.definition import TaskDefinition
@@ -190,6 +190,12 @@ class TaskWorker(Worker):
             return self._claim()
         finally:
             self._from_queue.index = 0
+
+    def _fires_periodic(self, job: Job) -> bool:
+        """Only the periodic tasks defined here: the job of a periodic task removed from (or
+        renamed in) the code keeps its trigger, and each of its ticks would fail TASK_NOT_FOUND."""
+        definition = self.tasks.definition(job.id)
+        return definition is not None and definition.periodic
 
     def _retry_at(self, lease: Lease) -> int:
         definition = self.tasks.definition(lease.occurrence.job_id)

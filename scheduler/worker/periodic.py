@@ -2,10 +2,12 @@
 
 Every worker evaluates the periodic jobs of the kinds it handles and enqueues each due tick with
 ``enqueue_periodic_tick`` (``enqueue_occurrence_once_per_trigger`` done only while the job is still at
-the revision the tick was computed from): the first call for a ``(job, trigger key)`` inserts the
-occurrence, every later one (another thread, process or host) gets it back ``deduplicated`` — so a
-tick fires exactly once however many workers evaluate it — and a worker that has not yet seen a
-change of the job re-reads it instead of firing a tick of the old trigger.
+the revision the tick was computed from, and has fired no tick of that type at or after it): the
+first call for a ``(job, trigger key)`` inserts the occurrence, every later one (another thread,
+process or host) gets it back ``deduplicated`` — so a tick fires exactly once however many workers
+evaluate it — and a worker that has not yet seen a change of the job, or whose memory of its last
+fired tick is stale (other workers fired later ticks and a prune deleted them), re-reads it instead
+of firing a tick of the old trigger or a pruned tick again.
 
 Where the state lives: the jobs and their trigger documents in ``jobs`` (re-read every
 ``refresh_ms``); per job, read once (and again after it changed) with ``periodic_state``: when its
@@ -84,7 +86,8 @@ def ticks_due(
 @dataclass(frozen=True, slots=True)
 class FiredTicks:
     """What :func:`fire_ticks` did: the occurrence of each tick it enqueued (in order; an earlier
-    one comes back ``deduplicated``), and whether it stopped because the job changed."""
+    one comes back ``deduplicated``), and whether it stopped because the job moved on (it changed,
+    or fired a later tick of that type than the caller knew of)."""
 
     occurrences: list[Occurrence]
     job_changed: bool
@@ -92,7 +95,8 @@ class FiredTicks:
 
 def fire_ticks(store: SchedulerStore, job: Job, ticks: Sequence[Tick]) -> FiredTicks:
     """Enqueue each tick once, in order, while the job is still at ``job.revision``; stop at the
-    first tick refused because it changed (re-read it: that tick and the next were not written).
+    first tick refused because it changed or already fired a later tick of that type (re-read its
+    state: that tick and the next were not written).
     ``SCHEDULER_JOB_DISABLED`` / ``SCHEDULER_NOT_FOUND`` as the store raises them."""
     enqueued: list[Occurrence] = []
     for tick in ticks:
@@ -129,9 +133,12 @@ class PeriodicScheduler:
         missed: MissedTicks = "latest",
         max_catch_up: int = 100,
         refresh_ms: int = 5_000,
+        fires: Callable[[Job], bool] | None = None,
     ) -> None:
         self._store = store
         self._kinds = list(kinds)
+        self._fires = fires
+        """Which of the kinds' periodic jobs this scheduler fires (``None``: all of them)."""
         self._clock = clock
         self._limit = 1 if missed == "latest" else max_catch_up
         self._refresh_ms = refresh_ms
@@ -141,6 +148,8 @@ class PeriodicScheduler:
     def refresh(self, now: int) -> None:
         """Re-read the enabled periodic jobs (keeping what is known of unchanged ones)."""
         jobs = self._store.list_periodic_jobs(job_kinds=self._kinds)
+        if self._fires is not None:
+            jobs = [job for job in jobs if self._fires(job)]
         known = self._jobs
         self._jobs = {}
         for job in jobs:

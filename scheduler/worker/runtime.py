@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
-from scheduler.store.records import Occurrence
+from scheduler.store.records import Job, Occurrence
 from scheduler.store.telemetry import describe, handler_timing, record_claim_latency
 from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.worker.batching import CycleGroups, batching_store
@@ -170,6 +170,7 @@ class Worker:
             clock=self._now,
             missed=missed_ticks,
             max_catch_up=_positive_int(max_catch_up, "max_catch_up", 100_000),
+            fires=self._fires_periodic,
         )
         self.pause_check_ms = self._non_negative(pause_check_ms, "pause_check_ms")
         self.settle_batch_ms = self._non_negative(settle_batch_ms, "settle_batch_ms")
@@ -549,6 +550,11 @@ class Worker:
 
     def _after_settle(self) -> None:
         """Called after a group of batched cycles settled (the Tasks worker wakes result waiters)."""
+
+    def _fires_periodic(self, job: Job) -> bool:
+        """Whether this worker fires the ticks of ``job``, a periodic job of a kind it handles
+        (every such job: its kind's handler runs it)."""
+        return True
 
     def _claim_kinds(self) -> str | tuple[str, ...]:
         return self.kinds[0] if len(self.kinds) == 1 else tuple(self.kinds)

@@ -5,10 +5,11 @@ The scheduler-specific lines tell the mounted revisions their schema (API §8:
 autogenerate from proposing to drop the scheduler's tables (``scheduler.alembic_filters``).
 """
 
-import scheduler
 from alembic import context
 from shop.models import Base
 from shop.settings import Settings
+
+import scheduler
 
 settings = Settings.from_environment()
 config = context.config
