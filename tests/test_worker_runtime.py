@@ -16,7 +16,16 @@ import pytest
 from scheduler import SchedulerKernelError
 from scheduler.testing import T0, SchedulerClock
 from scheduler.worker import Paused, PermanentError, RetryPolicy, Worker
-from tests.worker_support import PAUSABLE, add_job, enqueue, event_types, new_store, running, wait_for
+from tests.worker_support import (
+    PAUSABLE,
+    add_job,
+    checkpointing,
+    enqueue,
+    event_types,
+    new_store,
+    running,
+    wait_for,
+)
 
 NO_JITTER = RetryPolicy(base_ms=1_000, factor=2.0, max_ms=60_000, jitter=0.0)
 
@@ -189,14 +198,7 @@ def test_pause_at_a_checkpoint_then_resume_with_the_checkpoint(tmp_path: Path) -
     occurrence_id = enqueue(store, "long", "one")
     first_run, runs = threading.Event(), []
 
-    def handler(occurrence: Any, ctx: Any) -> Any:
-        runs.append(ctx.resumed_checkpoint)
-        start = 0 if ctx.resumed_checkpoint is None else ctx.resumed_checkpoint["step"]
-        first_run.set()
-        for step in range(start, start + 500):
-            ctx.checkpoint({"step": step})
-            time.sleep(0.01)
-        return {"resumed_from": runs[-1]}
+    handler = checkpointing(first_run, runs, 500)
 
     worker = Worker(store, {"long": handler}, periodic=False, pause_check_ms=0, poll_max_ms=100)
     with running(worker):

@@ -3,6 +3,7 @@ handlers module that ``scheduler worker`` processes run (``HANDLERS``)."""
 
 from __future__ import annotations
 
+import random
 import textwrap
 import threading
 import time
@@ -108,3 +109,34 @@ def running(worker: Worker) -> Iterator[threading.Thread]:
 
 def event_types(store: SchedulerStore, occurrence_id: str) -> list[str]:
     return [event.type for event in reversed(store.history(occurrence_id=occurrence_id, limit=200))]
+
+
+def noop(occurrence: Any, ctx: Any) -> Any:
+    """A handler that does (almost) nothing: a few hundred µs at most, so runs end out of order."""
+    time.sleep(random.random() / 2_000)
+    return occurrence.payload
+
+
+def run_noop_worker(target: str, schema: str | None, concurrency: int) -> None:
+    """A worker process: ``Worker(..., {"noop": noop}, concurrency=concurrency).run()`` until SIGTERM."""
+    with open_store(target, **({} if schema is None else {"schema": schema})) as store:
+        worker = Worker(
+            store, {"noop": noop}, concurrency=concurrency, periodic=False, poll_min_ms=5, poll_max_ms=50
+        )
+        worker.run()
+
+
+def checkpointing(first_run: threading.Event, runs: list[Any], steps: int) -> Callable[[Any, Any], Any]:
+    """A pausable handler: ``steps`` checkpoints 10 ms apart, from the resumed step if any; each run
+    appends its ``ctx.resumed_checkpoint`` to ``runs``; the first sets ``first_run``."""
+
+    def handler(occurrence: Any, ctx: Any) -> Any:
+        runs.append(ctx.resumed_checkpoint)
+        start = 0 if ctx.resumed_checkpoint is None else ctx.resumed_checkpoint["step"]
+        first_run.set()
+        for step in range(start, start + steps):
+            ctx.checkpoint({"step": step})
+            time.sleep(0.01)
+        return {"resumed_from": runs[-1]}
+
+    return handler

@@ -142,6 +142,15 @@ def worker_command(
             help="Longest idle poll delay (ms); on PostgreSQL NOTIFY wakes idle workers sooner.",
         ),
     ] = 2_000,
+    settle_batch_ms: Annotated[
+        int,
+        typer.Option(
+            "--settle-batch-ms",
+            min=0,
+            max=1_000,
+            help="With --concurrency above 1: longest a finished run waits to be settled with others (ms).",
+        ),
+    ] = 20,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="Level of the logs on stderr.")] = "info",
     as_json: JsonOption = False,
 ) -> None:
@@ -170,6 +179,7 @@ def worker_command(
         "periodic": periodic,
         "poll_min_ms": poll_min_ms,
         "poll_max_ms": max(poll_min_ms, poll_max_ms),
+        "settle_batch_ms": settle_batch_ms,
     }
     with ExitStack() as stack:
         if isinstance(target, Tasks):

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import bindparam, select
 
@@ -163,19 +163,21 @@ def record_handler_duration(kind: str, outcome: str, duration_ms: float) -> None
         instruments["handler"].record(duration_ms, {"kind": kind, "outcome": outcome})
 
 
-class HandlerTiming(NamedTuple):
-    occurrence_id: str
-    duration_ms: float
-
-
-_TIMING: ContextVar[HandlerTiming | None] = ContextVar("scheduler_handler_timing", default=None)
+_TIMING: ContextVar[Mapping[str, float] | None] = ContextVar("scheduler_handler_timing", default=None)
 
 
 @contextmanager
 def handler_timing(occurrence_id: str, duration_ms: float | None) -> Iterator[None]:
     """While a worker settles ``occurrence_id``, the settlement records of that occurrence carry
     ``duration_ms`` (and say it in their message)."""
-    token = _TIMING.set(None if duration_ms is None else HandlerTiming(occurrence_id, duration_ms))
+    with handler_timings({} if duration_ms is None else {occurrence_id: duration_ms}):
+        yield
+
+
+@contextmanager
+def handler_timings(durations: Mapping[str, float]) -> Iterator[None]:
+    """:func:`handler_timing` for several occurrences settled together (``{occurrence id: ms}``)."""
+    token = _TIMING.set(dict(durations) or None)
     try:
         yield
     finally:
@@ -186,7 +188,7 @@ def _handler_duration(row: Mapping[str, Any]) -> float | None:
     timing = _TIMING.get()
     if timing is None or row["event_type"] not in _SETTLEMENT_OUTCOMES:
         return None
-    return timing.duration_ms if row["occurrence_id"] == timing.occurrence_id else None
+    return timing.get(row["occurrence_id"])
 
 
 def observe_queue_depth(read_depth: Callable[[], Iterable[tuple[str, str, int]]]) -> bool:

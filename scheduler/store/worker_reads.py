@@ -2,14 +2,15 @@
 
 * ``list_periodic_jobs`` — enabled jobs whose trigger is ``cron``, ``interval`` or ``once`` (what
   a worker reads and writes per periodic job is in ``periodic_ticks``);
-* ``get_occurrence_runtime`` — the job kind and runtime control of a claimed occurrence in one read.
+* ``get_occurrence_runtime`` — the job kind and runtime control of a claimed occurrence in one read;
+  :func:`occurrence_runtimes` — the same for several (a worker's batched claims, in their transaction).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from sqlalchemy import bindparam, select
 
@@ -29,6 +30,9 @@ from scheduler.store.runtime_reads import (
 )
 from scheduler.store.statement_plans import Prepared
 from scheduler.store.tx import Tx
+
+if TYPE_CHECKING:
+    from scheduler.store.facade import SchedulerStore
 
 PERIODIC_TRIGGER_TYPES: Final = ("cron", "interval", "once")
 
@@ -70,6 +74,34 @@ def occurrence_runtime_in(tx: Tx, occurrence_id: str) -> OccurrenceRuntime | Non
         return None
     control = None if row.state is None else map_occurrence_control(row)
     return OccurrenceRuntime(occurrence_id=occurrence_id, job_kind=row.job_kind, control=control)
+
+
+_RUNTIMES: Final = Prepared(
+    select(_o.c.occurrence_id.label("claimed_id"), _j.c.kind.label("job_kind"), _c)
+    .select_from(
+        _o.join(_j, _j.c.job_id == _o.c.job_id).outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
+    )
+    .where(_o.c.occurrence_id.in_(bindparam("occurrence_ids", expanding=True)))
+)
+
+
+def occurrence_runtimes_in(tx: Tx, occurrence_ids: Sequence[str]) -> dict[str, OccurrenceRuntime]:
+    runtimes: dict[str, OccurrenceRuntime] = {}
+    for row in tx.all(_RUNTIMES, {"occurrence_ids": list(occurrence_ids)}):
+        control = None if row.state is None else map_occurrence_control(row)
+        runtimes[row.claimed_id] = OccurrenceRuntime(
+            occurrence_id=row.claimed_id, job_kind=row.job_kind, control=control
+        )
+    return runtimes
+
+
+def occurrence_runtimes(store: SchedulerStore, occurrence_ids: Sequence[str]) -> dict[str, OccurrenceRuntime]:
+    """``get_occurrence_runtime`` of each id in one read (inside ``store``'s transaction when
+    ``store`` is a ``store.transaction()`` view): ``{id: runtime}``, absent ids left out."""
+    identifiers = [normalize_key(identifier, "occurrenceId") for identifier in occurrence_ids]
+    if not identifiers:
+        return {}
+    return store._read(lambda tx: occurrence_runtimes_in(tx, identifiers))
 
 
 class WorkerReadOperations(StoreBase):

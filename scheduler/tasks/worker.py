@@ -28,6 +28,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.queues import claim_next_capped, notify_settlements
 from scheduler.store.records import Job, Occurrence
+from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.tasks.arguments import call_of, trace_of
 from scheduler.tasks.definition import TaskDefinition
 from scheduler.tasks.supervision import TASK_TIMEOUT, Supervisor, TaskLeaseKeeper, Watch
@@ -144,6 +145,33 @@ class TaskWorker(Worker):
                 return claimed
         return None
 
+    def _claim_group(self, store: SchedulerStore, limit: int) -> list[Occurrence]:
+        """The batched cycles' claims: up to ``limit`` runs, the queues in order (each drained before
+        the next is tried), a capped queue one capped claim at a time (its lock counts the runs
+        this transaction already claimed)."""
+        claimed: list[Occurrence] = []
+        for queue in self.kinds:
+            cap = self.caps.get(queue)
+            while len(claimed) < limit:
+                if cap is None:
+                    remaining = limit - len(claimed)
+                    claimed += store.claim_batch(
+                        owner_id=self.owner_id, lease_ms=self.lease_ms, limit=remaining, job_kind=queue
+                    )
+                    break
+                one = claim_next_capped(
+                    store, owner_id=self.owner_id, lease_ms=self.lease_ms, job_kind=queue, cap=cap
+                )
+                if one is None:
+                    break
+                claimed.append(one)
+            if len(claimed) >= limit:
+                break
+        return claimed
+
+    def _after_settle(self) -> None:
+        self.tasks.signal.notify()
+
     def _claim_kinds(self) -> str:
         """What the one-commit cycle (``Worker._settle_once``'s ``settle_and_claim``) claims: the
         first queue only, so the order stays strict."""
@@ -176,11 +204,11 @@ class TaskWorker(Worker):
 
     # ------------------------------------------------------------------ running a task
 
-    def _run(self, lease: Lease) -> Settlement | None:
+    def _run(self, lease: Lease, runtime: OccurrenceRuntime | None = None) -> Settlement | None:
         definition = self.tasks.definition(lease.occurrence.job_id)
         watch = None if definition is None else self._supervisor.watch(lease, definition)
         try:
-            settlement = super()._run(lease)
+            settlement = super()._run(lease, runtime)
         finally:
             taken = watch is not None and not watch.cancel()
         return None if taken else settlement

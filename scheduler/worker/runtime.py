@@ -5,8 +5,10 @@ an ``async def`` handler on the shared event loop, then settles), the lease keep
 periodic thread (due ticks), and the thread that called :meth:`Worker.run` (signals, shutdown).
 All share the one store, whose calls are serialized; SQLite serializes writers anyway.
 
-A lane that stays busy uses the store's one-commit ``settle_and_claim`` cycle: the settlement of
-the finished occurrence and the claim of the next one are one transaction.
+With one lane, a lane that stays busy uses the store's one-commit ``settle_and_claim`` cycle: the
+settlement of the finished occurrence and the claim of the next one are one transaction. With
+several, one cycle thread claims for every free lane at once and settles the finished runs in
+groups together with those claims (:mod:`scheduler.worker.batching`): one commit for many runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.records import Job, Occurrence
 from scheduler.store.telemetry import describe, handler_timing, record_claim_latency
+from scheduler.store.worker_reads import OccurrenceRuntime
+from scheduler.worker.batching import CycleGroups, batching_store
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.execution import (
     Abandoned,
@@ -53,6 +57,8 @@ MAX_CONCURRENCY: Final = 1_000
 CLAIM_CONFLICT: Final = "SCHEDULER_CLAIM_CONFLICT"
 _CLAIM_CONFLICT_RETRIES: Final = 3
 _SETTLE_RETRY_MAX_S: Final = 5.0
+DEFAULT_SETTLE_BATCH_MS: Final = 20
+MAX_SETTLE_BATCH_MS: Final = 1_000
 
 
 def _positive_int(value: Any, name: str, maximum: int) -> int:
@@ -108,6 +114,10 @@ class Worker:
     * ``periodic`` — fire due periodic triggers of the handled kinds (default ``True``).
     * ``missed_ticks`` — ``"latest"`` (default) or ``"all"``; ``max_catch_up`` bounds ``"all"``.
     * ``pause_check_ms`` — ``ctx.checkpoint()`` asks the store for a pause request at most this often.
+    * ``settle_batch_ms`` — with ``concurrency`` above 1, runs are claimed for every free lane in
+      one transaction and finished runs are settled in groups, together with the next claims (one
+      commit for many runs); a finished run waits at most this long for its group (default 20,
+      0..1000; 0: settle what has finished at once). A run is settled only when its group commits.
     * ``waker`` — wakes idle lanes early (default: ``ListenWaker`` on PostgreSQL, woken by the
       store's ``NOTIFY``; in-process only on SQLite). ``run()`` starts and closes a waker that
       has ``start``/``close`` methods.
@@ -132,6 +142,7 @@ class Worker:
         missed_ticks: MissedTicks = "latest",
         max_catch_up: int = 100,
         pause_check_ms: int = 1_000,
+        settle_batch_ms: int = DEFAULT_SETTLE_BATCH_MS,
         waker: Waker | None = None,
     ) -> None:
         if not callable(getattr(store, "claim_next", None)):
@@ -162,6 +173,9 @@ class Worker:
             fires=self._fires_periodic,
         )
         self.pause_check_ms = self._non_negative(pause_check_ms, "pause_check_ms")
+        self.settle_batch_ms = self._non_negative(settle_batch_ms, "settle_batch_ms")
+        if self.settle_batch_ms > MAX_SETTLE_BATCH_MS:
+            raise invalid_argument(f"settle_batch_ms must be an integer between 0 and {MAX_SETTLE_BATCH_MS}")
         self.waker: Waker = waker or default_waker(store)
         self._keeper = LeaseKeeper(store, self.lease_ms)
         self._loop = AsyncLoop()
@@ -169,6 +183,7 @@ class Worker:
         self._stop_deadline: float | None = None
         self._lock = threading.Lock()
         self._lanes: list[threading.Thread] = []
+        self._groups: CycleGroups | None = None
         self._kind_rotation = 0
         self._kind_sequences = True
         """Whether the store's claims take a sequence of kinds (False: one claim per kind)."""
@@ -211,12 +226,17 @@ class Worker:
         self._waker_call("start")
         if ticker is not None:
             ticker.start()
+        batched = self.concurrency > 1 and batching_store(self.store)
+        self._groups = CycleGroups(self, self.settle_batch_ms) if batched else None
+        lane_target = self._lane if self._groups is None else self._groups.lane
         self._lanes = [
-            threading.Thread(target=self._lane, name=f"scheduler-lane-{index}", daemon=True)
+            threading.Thread(target=lane_target, name=f"scheduler-lane-{index}", daemon=True)
             for index in range(self.concurrency)
         ]
         for lane in self._lanes:
             lane.start()
+        if self._groups is not None:
+            self._lanes.insert(0, self._groups.start())  # joined first at shutdown
         try:
             while not self._stopping.wait(0.25):
                 pass
@@ -266,6 +286,8 @@ class Worker:
                 if remaining <= 0:
                     break
                 lane.join(timeout=min(remaining, 0.25))
+        if self._groups is not None:  # settle the runs that finished, then release the others
+            self._groups.finish(timeout_s=30)
         busy = self._keeper.held()
         if busy:
             log.warning("shutdown grace period over: releasing %d occurrence(s)", len(busy))
@@ -378,13 +400,8 @@ class Worker:
     ) -> Occurrence | None:
         """Run one claimed occurrence and settle it; return the next claimed one (busy cycle) or
         ``None``. ``reraise``: raise a handler's ``SystemExit``/``KeyboardInterrupt`` once settled."""
-        lease = self._keeper.hold(occurrence, self.owner_id, self.lease_ms)
+        lease, settlement = self._execute(occurrence)
         try:
-            if self._past_deadline():  # claimed before the stop, held only after the grace period
-                lease.abandoned = True
-                self._keeper.give_back(lease, "shutdown grace period over")
-                return None
-            settlement = self._run(lease)
             if settlement is None:
                 return None
             interrupt = settlement.interrupt if reraise else None
@@ -396,9 +413,27 @@ class Worker:
             raise interrupt
         return claimed
 
-    def _run(self, lease: Lease) -> Settlement | None:
+    def _execute(
+        self, occurrence: Occurrence, runtime: OccurrenceRuntime | None = None
+    ) -> tuple[Lease, Settlement | None]:
+        """Hold the lease of a claimed occurrence and run it: the lease (still held) and what to
+        settle (``None``: nothing, e.g. paused, or released at shutdown). ``runtime``: its job
+        kind and control as read in the claim's transaction (else read here)."""
+        lease = self._keeper.hold(occurrence, self.owner_id, self.lease_ms)
+        try:
+            if self._past_deadline():  # claimed before the stop, held only after the grace period
+                lease.abandoned = True
+                self._keeper.give_back(lease, "shutdown grace period over")
+                return lease, None
+            return lease, self._run(lease, runtime)
+        except BaseException:
+            self._keeper.release(lease)
+            raise
+
+    def _run(self, lease: Lease, runtime: OccurrenceRuntime | None = None) -> Settlement | None:
         occurrence = lease.occurrence
-        runtime = self._with_retries(lambda: self.store.get_occurrence_runtime(occurrence.id), lease)
+        if runtime is None:
+            runtime = self._with_retries(lambda: self.store.get_occurrence_runtime(occurrence.id), lease)
         if runtime is None:
             return None
         lease.kind = runtime.job_kind
@@ -452,7 +487,8 @@ class Worker:
     def _retry_at(self, lease: Lease) -> int:
         return self._now() + self.retry.delay_ms(lease.occurrence.attempt)
 
-    def _settle(self, lease: Lease, settlement: Settlement, *, claim_next: bool) -> Occurrence | None:
+    def _settle_arguments(self, lease: Lease, settlement: Settlement) -> dict[str, Any]:
+        """The keyword arguments of ``store.settle`` for ``settlement`` of ``lease``."""
         arguments: dict[str, Any] = {
             "occurrence_id": lease.occurrence_id,
             "owner_id": lease.owner_id,
@@ -461,6 +497,10 @@ class Worker:
         }
         if settlement.outcome == "failed" and settlement.retryable:
             arguments["retry_at"] = self._retry_at(lease)
+        return arguments
+
+    def _settle(self, lease: Lease, settlement: Settlement, *, claim_next: bool) -> Occurrence | None:
+        arguments = self._settle_arguments(lease, settlement)
         delay, uncertain = 0.05, False
         while True:
             if not lease.settleable:
@@ -501,6 +541,15 @@ class Worker:
             return self._unless_stopping(cycle.claimed)
         self.store.settle(**arguments)
         return self._claim() if claim_next else None
+
+    def _claim_group(self, store: SchedulerStore, limit: int) -> list[Occurrence]:
+        """Up to ``limit`` claims in ``store`` (a transaction's view: the batched cycles' claims)."""
+        return store.claim_batch(
+            owner_id=self.owner_id, lease_ms=self.lease_ms, limit=limit, job_kind=self._claim_kinds()
+        )
+
+    def _after_settle(self) -> None:
+        """Called after a group of batched cycles settled (the Tasks worker wakes result waiters)."""
 
     def _fires_periodic(self, job: Job) -> bool:
         """Whether this worker fires the ticks of ``job``, a periodic job of a kind it handles
