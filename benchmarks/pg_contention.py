@@ -38,8 +38,9 @@ LEASE_MS = 60_000
 
 def counted_fast_path(counts: Counter[str]) -> None:
     """Count every fast-path statement of this process by kind, and the calls run again."""
-    from scheduler.store import claim_locks, fastpath, session
-    from scheduler.store.dialects.sqlite import BEGIN_WRITE
+    from scheduler.backends.postgresql import claim_locks
+    from scheduler.backends.sqlite.backend import BEGIN_WRITE
+    from scheduler.store.plumbing import fastpath, session
 
     run, driver_sql = fastpath.FastPath.run, fastpath.FastPath.run_driver_sql
     run_led = fastpath.FastPath.run_led

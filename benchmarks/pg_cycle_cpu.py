@@ -36,7 +36,7 @@ from scheduler import open_store
 from scheduler.bench.pg_bench import commit_floor
 from scheduler.bench.pg_server import backend_cpu_s, backend_pids
 from scheduler.bench.pg_workers import worker_engine
-from scheduler.store import fastpath
+from scheduler.store.plumbing import fastpath
 
 AUTHORITY = {"principal": {"type": "service", "id": "pg-cycle-cpu"}}
 Totals = dict[str, list[float]]

@@ -6,7 +6,7 @@
 Drains a few cycles of a fresh queue (a schema of its own, dropped at the end) with
 ``settle_and_claim``, quiet or ``--among-workers`` (``ClaimContention`` held on the window of
 heads), and records the cycle's round trip (``BEGIN``, the lead statement, the cycle statement:
-``scheduler.store.cycle_statement``) through a psycopg cursor class. The next cycle is then sent
+``scheduler.backends.postgresql.cycle_statement``) through a psycopg cursor class. The next cycle is then sent
 again by hand on a connection of its own, ``--runs`` times and rolled back each time, so every
 run settles and claims the same rows; the backend's CPU time (``/proc/<pid>/stat``, the server
 must be local) per run is printed for the statement as the store prepared it and, with

@@ -40,7 +40,7 @@ _FILE_GROUPS: Final = (
     ("/sqlalchemy/", SQLALCHEMY),
     ("/scheduler/contract/canonical.py", CANONICAL),
     ("/json/encoder.py", CANONICAL),
-    ("/scheduler/store/rows.py", MAPPING),
+    ("/scheduler/store/plumbing/rows.py", MAPPING),
     ("/scheduler/store/records.py", MAPPING),
     ("/scheduler/contract/authority.py", MAPPING),
     ("/json/decoder.py", MAPPING),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.store import telemetry
+from scheduler.store.plumbing import telemetry
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from recorded import T0
 from store_places import StorePlace
 
 from scheduler import scheduler_adjudication_operator_digest, scheduler_adjudication_reason_digest
-from scheduler.store.adjudication import is_outcome_unknown_error
+from scheduler.store.capabilities.adjudication import is_outcome_unknown_error
 
 INVALID = "SCHEDULER_INVALID_ARGUMENT"
 REASON = scheduler_adjudication_reason_digest("Operator checked the calendar: the invite was not sent")

@@ -22,7 +22,7 @@ from scheduler.bench.adversarial import dead_letter_all
 from scheduler.bench.context import BENCH_AUTHORITY
 from scheduler.bench.depth import DepthBuilder, depth_job
 from scheduler.bench.stores import PAST_MS, wall_ms
-from scheduler.store import claim_query
+from scheduler.store.capabilities import claim_query
 
 ROWS = 300
 LEASE = 60_000

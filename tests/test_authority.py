@@ -22,7 +22,7 @@ from governance_support import (
 )
 from store_places import StorePlace
 
-import scheduler.store.authority as authority_module
+import scheduler.store.capabilities.authority as authority_module
 from scheduler.contract.constants import MAX_AUTHORITY_WINDOW_MS
 
 INVALID = "SCHEDULER_INVALID_ARGUMENT"

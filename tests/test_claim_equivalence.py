@@ -24,7 +24,7 @@ from lifecycle_support import CAPABILITY_DIGEST, CAPABILITY_JSON, DIGEST, T0
 from sqlalchemy import event
 
 from scheduler import SchedulerStore, canonical_json, normalize_authority_envelope, open_store
-from scheduler.store import claim_query
+from scheduler.store.capabilities import claim_query
 
 NOW = T0 + 100_000
 LEASE = 30_000

@@ -37,7 +37,7 @@ from test_postgresql_claims import as_among_workers
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.schema import tables as t
-from scheduler.store import claim_query
+from scheduler.store.capabilities import claim_query
 
 COPIED = (
     t.jobs,

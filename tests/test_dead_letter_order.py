@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from store_places import StorePlace, examples
 
 from scheduler import SchedulerStore
-from scheduler.store import dead_letters
+from scheduler.store.capabilities import dead_letters
 
 T0 = 1767225600000
 AUTHORITY = {"principal": {"type": "user", "id": "u"}}

@@ -1,4 +1,4 @@
-"""The compile-once fast path (scheduler.store.fastpath) executes exactly what SQLAlchemy would.
+"""The compile-once fast path (scheduler.store.plumbing.fastpath) executes exactly what SQLAlchemy would.
 
 Every comparison runs the same workload twice on real SQLite files: once on the fast path, once
 with it disabled (a ``before_cursor_execute`` listener makes the store use SQLAlchemy's own
@@ -29,10 +29,10 @@ from scheduler import (
 )
 from scheduler.contract.canonical import canonical_json
 from scheduler.schema import tables as t
-from scheduler.store.fastpath import FastPath
-from scheduler.store.occurrence_rows import event_data_json
-from scheduler.store.statement_plans import Prepared
-from scheduler.store.tx import Tx
+from scheduler.store.capabilities.occurrence_rows import event_data_json
+from scheduler.store.plumbing.fastpath import FastPath
+from scheduler.store.plumbing.statement_plans import Prepared
+from scheduler.store.plumbing.tx import Tx
 
 T0 = 1767225600000
 AUTHORITY = {

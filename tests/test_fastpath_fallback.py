@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, select, tuple_
 
 from scheduler import SchedulerStore, open_store
 from scheduler.schema import tables as t
-from scheduler.store import fastpath, statement_plans
+from scheduler.store.plumbing import fastpath, statement_plans
 
 T0 = 1767225600000
 AUTHORITY = {"principal": {"type": "user", "id": "u"}}

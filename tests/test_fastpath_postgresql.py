@@ -18,9 +18,9 @@ from sqlalchemy.engine import URL
 from test_fastpath import AUTHORITY, T0, Clock, workload
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
-from scheduler.store.fastpath import FastPath
+from scheduler.store.plumbing.fastpath import FastPath
+from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.records import Occurrence
-from scheduler.store.statement_plans import Prepared
 from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql
@@ -49,7 +49,7 @@ def recorded_store(
     url: URL, schema: str, *, fast: bool, named: bool = False
 ) -> Iterator[tuple[SchedulerStore, Recorded, Clock]]:
     """A store whose psycopg statements are recorded; ``named``: with the store's named
-    server-side statements (``scheduler.store.server_statements``), else psycopg's unnamed ones
+    server-side statements (``scheduler.backends.postgresql.server_statements``), else psycopg's unnamed ones
     (``prepare_threshold=None``), so the fast path's SQL and parameters can be compared with
     SQLAlchemy's."""
     seen: Recorded = []
@@ -249,7 +249,7 @@ def test_every_pg_hot_statement_compiles_for_the_fast_path(
     """No hot statement silently falls back to SQLAlchemy's execution on psycopg (a fallback
     costs ~60–100 µs of client CPU per statement)."""
     rejected: list[str] = []
-    from scheduler.store import statement_plans
+    from scheduler.store.plumbing import statement_plans
 
     original = statement_plans.compile_plan
 

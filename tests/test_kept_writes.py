@@ -1,4 +1,4 @@
-"""Writes a call keeps for later (``Tx.write_later``, ``scheduler.store.write_batch``) and claims
+"""Writes a call keeps for later (``Tx.write_later``, ``scheduler.store.plumbing.write_batch``) and claims
 that restart instead of taking a savepoint (``Tx.restartable``).
 
 On PostgreSQL a one-row settle or claim ``UPDATE`` is sent with the call's event rows as one
@@ -23,9 +23,10 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
 
 from scheduler import open_store
-from scheduler.store import claim_locks, claim_query, leases, settlement
-from scheduler.store.session import OwnedRunner
-from scheduler.store.statement_plans import Prepared
+from scheduler.backends.postgresql import claim_locks
+from scheduler.store.capabilities import claim_query, leases, settlement
+from scheduler.store.plumbing.session import OwnedRunner
+from scheduler.store.plumbing.statement_plans import Prepared
 
 CAPABILITY = {"pauseResume": "checkpoint_v1", "safePoints": ["adapter_checkpoint", "before_execute"]}
 
@@ -610,7 +611,7 @@ def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again
     row's version (``xmin``) differs from the snapshot's, so the call runs again and claims it.
     (The wait-time test is switched off here, so only the version can tell.) The cycle in one
     statement (``whole``) waits in its lead lock: its statement's snapshot sees both at once."""
-    from scheduler.store import cycle_read
+    from scheduler.backends.postgresql import cycle_read
 
     _whole_cycles(monkeypatch, whole)
     monkeypatch.setattr(cycle_read, "MAX_WAIT_US", 10**12)
@@ -650,7 +651,7 @@ def test_the_cycle_statement_renders_without_a_dialect(server_clock: bool, windo
     from sqlalchemy.dialects import sqlite
     from sqlalchemy.exc import CompileError
 
-    from scheduler.store import cycle_read
+    from scheduler.backends.postgresql import cycle_read
 
     statement = cycle_read._prepared(claim_query.NO_FILTER.shape, server_clock, window).statement
     text_of = str(statement)

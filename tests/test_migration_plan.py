@@ -26,7 +26,7 @@ from store_places import StorePlace
 
 from scheduler import SchedulerKernelError
 from scheduler.contract.canonical import canonical_json, sha256_payload_digest
-from scheduler.store.migrations.plan import (
+from scheduler.store.capabilities.domain_migrations.plan import (
     MAX_PLAN_ENTRIES,
     attempt_manifest,
     normalize_domain_migration_plan,

@@ -1,5 +1,5 @@
 """Named server-side statements on the store's own PostgreSQL connection
-(``scheduler.store.server_statements``): a transaction's ``BEGIN`` goes with its first statement
+(``scheduler.backends.postgresql.server_statements``): a transaction's ``BEGIN`` goes with its first statement
 and its ``COMMIT`` with its last writes, each as ``EXECUTE scheduler_<n>(<literals>)``.
 
 What is checked here, on the real server: values written as literals come back exactly; a
@@ -25,7 +25,7 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_failures import AUTHORITY, T0, hold_job_row, retryable, storage_error
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store import leases, settlement
+from scheduler.store.capabilities import leases, settlement
 from scheduler.store.records import Occurrence
 from scheduler.testing import dump_tables
 

@@ -27,9 +27,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.pool import QueuePool
 
 from scheduler import SchedulerKernelError, open_store
+from scheduler.backends.postgresql import backend as postgresql
 from scheduler.schema import SCHEMA_V6_PG_FINGERPRINT, schema_fingerprint
 from scheduler.schema.target import quote_identifier
-from scheduler.store.dialects import postgresql
 from scheduler.testing import dump_tables
 
 REPO = Path(__file__).resolve().parents[1]

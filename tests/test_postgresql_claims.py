@@ -5,7 +5,7 @@ transaction's row lock fails with ``SCHEDULER_STORAGE_UNAVAILABLE`` (55P03, retr
 workers retry such a call and count it. A design where contending claimers wait for each other
 (the candidate's UPDATE waiting for another worker's claim to commit) fails on nearly every
 contended claim; this one waits only in PostgreSQL's own corner (see
-``scheduler.store.claim_locks``): a claim whose lock statement meets a row that another worker
+``scheduler.backends.postgresql.claim_locks``): a claim whose lock statement meets a row that another worker
 claimed and committed microseconds earlier locks that row's new version before it can see the
 change, and holds it until it rolls the attempt back, one round trip later; that worker's settle
 or next lock of the row waits meanwhile. So the tests allow a few retries in a run of hundreds of
@@ -28,9 +28,10 @@ from sqlalchemy import Connection, Engine, text
 from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.backends.postgresql import claim_locks
 from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
-from scheduler.store import claim_locks, claim_query
-from scheduler.store.leases import CONTENDED_EXTRA
+from scheduler.store.capabilities import claim_query
+from scheduler.store.capabilities.leases import CONTENDED_EXTRA
 from scheduler.testing import dump_tables
 
 T = TypeVar("T")

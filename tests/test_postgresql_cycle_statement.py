@@ -26,10 +26,11 @@ from test_postgresql_claims import LEASE, as_among_workers, enqueue, held
 from test_postgresql_window_pick import densely_numbered, one_statement_off
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.backends.postgresql import cycle_statement
 from scheduler.contract.constants import MAX_SAFE_INTEGER
-from scheduler.store import cycle_statement, leases
-from scheduler.store.session import OwnedRunner
-from scheduler.store.statement_plans import Prepared
+from scheduler.store.capabilities import leases
+from scheduler.store.plumbing.session import OwnedRunner
+from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql

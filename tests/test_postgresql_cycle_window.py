@@ -23,8 +23,9 @@ from test_postgresql_claims import LEASE, held
 from test_postgresql_cycle_statement import T0, Run, both_ways, cycle, wait_event
 
 from scheduler import open_store
-from scheduler.store import claim_query, cycle_statement
-from scheduler.store.statement_plans import Prepared
+from scheduler.backends.postgresql import cycle_statement
+from scheduler.store.capabilities import claim_query
+from scheduler.store.plumbing.statement_plans import Prepared
 
 pytestmark = pytest.mark.postgresql
 ERROR = {"code": "E_BROKEN", "message": "broken"}

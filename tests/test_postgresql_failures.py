@@ -108,8 +108,8 @@ def test_statement_cancel_is_57014_and_retryable(
 def test_deadlock_is_40P01_and_retryable(store: SchedulerStore, pg_engine: Engine, pg_schema: str) -> None:
     """once-per-trigger holds the job row, then waits for the enqueue key another transaction
     holds while it waits for the job row: the server breaks the cycle in the store's call."""
-    from scheduler.store.dialects.postgresql import key_space
-    from scheduler.store.occurrences import ENQUEUE_LOCKS
+    from scheduler.backends.postgresql.backend import key_space
+    from scheduler.store.capabilities.occurrences import ENQUEUE_LOCKS
 
     pid = backend_pid(store)
     store.connection.exec_driver_sql("SET deadlock_timeout = '50ms'")

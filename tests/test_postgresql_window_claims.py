@@ -30,7 +30,8 @@ from test_postgresql_races import AUTHORITY
 from test_postgresql_window_pick import one_statement_off
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store import claim_query, cycle_statement, leases
+from scheduler.backends.postgresql import cycle_statement
+from scheduler.store.capabilities import claim_query, leases
 
 TIMES = [NOW - 2000, NOW - 1000, NOW - 500, NOW]
 FAR = 9_000_000_000_000

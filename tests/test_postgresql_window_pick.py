@@ -26,8 +26,10 @@ from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, as_among_workers, enqueue, held
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store import claim_query, claim_writes, leases, tx, window_pick
-from scheduler.store.telemetry import EVENTS_LOGGER
+from scheduler.backends.postgresql import window_pick
+from scheduler.store.capabilities import claim_query, claim_writes, leases
+from scheduler.store.plumbing import tx
+from scheduler.store.plumbing.telemetry import EVENTS_LOGGER
 from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql

@@ -25,7 +25,7 @@ from store_places import StorePlace
 
 from scheduler.contract.canonical import canonical_json, sha256_payload_digest
 from scheduler.contract.digests import scheduler_migration_scope_digest
-from scheduler.store.migrations.locators import (
+from scheduler.store.capabilities.domain_migrations.locators import (
     assert_non_sensitive_source_locator,
     normalize_source_locator,
 )

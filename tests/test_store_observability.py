@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from scheduler import SchedulerKernelError, SchedulerStore
-from scheduler.store import telemetry
+from scheduler.store.plumbing import telemetry
 from scheduler.testing import SchedulerClock
 from scheduler.worker import Worker
 from tests.otel_support import meter_reader as meter_reader
@@ -171,7 +171,7 @@ def test_without_opentelemetry_the_worker_runs_and_metrics_are_off(tmp_path: Pat
         import sys
         sys.modules["opentelemetry"] = None  # as if opentelemetry-api were not installed
         from pathlib import Path
-        from scheduler.store import telemetry
+        from scheduler.store.plumbing import telemetry
         from scheduler.worker import Worker
         from tests.worker_support import add_job, enqueue, new_store
         store = new_store(Path({str(tmp_path / "k.sqlite")!r}))

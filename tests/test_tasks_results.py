@@ -27,7 +27,7 @@ from scheduler import (
     Tasks,
     open_store,
 )
-from scheduler.store.queues import notify_settlements
+from scheduler.store.capabilities.queues import notify_settlements
 from scheduler.worker import PermanentError
 from tests.worker_support import add_job, enqueue
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store.checkpoints import WAL_SIZE_LIMIT_BYTES, wal_size
+from scheduler.backends.sqlite.checkpoints import WAL_SIZE_LIMIT_BYTES, wal_size
 
 T0 = 1767225600000
 CYCLES = 1000

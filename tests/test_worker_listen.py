@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.aio import open_async_store
-from scheduler.store.wakeups import wake_channel
+from scheduler.backends.postgresql.wakeups import wake_channel
 from scheduler.worker import ListenWaker, PollingWaker, Worker
 from tests.worker_support import add_job, enqueue, new_store, running, wait_for
 

@@ -13,9 +13,10 @@ from sqlalchemy.pool import NullPool
 
 from scheduler.aio.calls import run_in_greenlet
 from scheduler.aio.store import AsyncSchedulerStore
+from scheduler.backends.postgresql import backend as postgresql
+from scheduler.backends.postgresql.opening import BACKEND_NAMES
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import invalid_argument
-from scheduler.store.dialects import postgresql
 from scheduler.store.opening import (
     MEMORY,
     OpenOptions,
@@ -28,7 +29,6 @@ from scheduler.store.opening import (
     own_engine_options,
     parse_url,
 )
-from scheduler.store.opening_postgresql import BACKEND_NAMES
 
 SQLITE_DRIVERS: Final = {"": "sqlite+aiosqlite", "aiosqlite": "sqlite+aiosqlite"}
 POSTGRESQL_DRIVERS: Final = {

@@ -29,9 +29,9 @@ def query_plan(path: Path, statement: Any, params: dict[str, Any]) -> list[str]:
 def claim_plans(path: Path, now: int, occurrence_id: str) -> dict[str, Any]:
     """Plans of the ``claim_next`` and ``claim_occurrence`` candidate queries (or why not)."""
     try:
-        from scheduler.store import claim_query
+        from scheduler.store.capabilities import claim_query
     except ImportError as error:
-        return {"n/a": f"scheduler.store.claim_query cannot be imported ({error})"}
+        return {"n/a": f"scheduler.store.capabilities.claim_query cannot be imported ({error})"}
     plans: dict[str, Any] = {}
     try:
         statement = claim_query.claim_next_statement(claim_query.NO_FILTER)

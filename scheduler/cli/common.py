@@ -36,8 +36,8 @@ from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID, SCHEDULER_STORE_SCHEM
 from scheduler.schema.sqlite_file import NOT_A_DATABASE, is_stray_file
 from scheduler.schema.upgrade import inspect_database
 from scheduler.store import SchedulerStore, default_database_path, open_store
-from scheduler.store.failures import find_contention_code, find_storage_failure_code
 from scheduler.store.opening import parse_url
+from scheduler.store.plumbing.failures import find_contention_code, find_storage_failure_code
 from scheduler.store.records import Record
 
 log = logging.getLogger("scheduler.cli")

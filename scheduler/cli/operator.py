@@ -33,9 +33,9 @@ from scheduler.contract.digests import (
 )
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_sha256_digest
+from scheduler.store.capabilities.runtime_reads import normalize_runtime_control_enumeration
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.records import AdjudicationCase, DomainMigration, RuntimeControlOccurrence
-from scheduler.store.runtime_reads import normalize_runtime_control_enumeration
 
 adjudication_app = typer.Typer(
     help="Outcome-unknown dead letters awaiting an operator decision.", no_args_is_help=True

@@ -42,11 +42,16 @@ from scheduler.contract.constants import (
 )
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.runtime_control import normalize_runtime_control_capability
-from scheduler.store.cancellation import is_cancelled, normalize_cancel_reason
+from scheduler.store.capabilities.cancellation import is_cancelled, normalize_cancel_reason
+from scheduler.store.capabilities.prune import (
+    DEFAULT_PRUNE_BATCH,
+    MAX_PRUNE_BATCH,
+    PRUNABLE_STATUSES,
+    PruneResult,
+)
+from scheduler.store.capabilities.stats import StoreStats
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.prune import DEFAULT_PRUNE_BATCH, MAX_PRUNE_BATCH, PRUNABLE_STATUSES, PruneResult
 from scheduler.store.records import Occurrence
-from scheduler.store.stats import StoreStats
 
 EXIT_USAGE: Final = 2
 _UNITS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}

@@ -11,12 +11,12 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, table
 
+from scheduler.backends.sqlite.files import storage_files
 from scheduler.contract.constants import OCCURRENCE_STATUSES
 from scheduler.schema import tables as t
 from scheduler.schema.catalog import list_user_tables
-from scheduler.store.files import storage_files
+from scheduler.store.plumbing.rows import map_job, map_occurrence
 from scheduler.store.records import Job, MigrationRecord, Occurrence
-from scheduler.store.rows import map_job, map_occurrence
 
 
 def list_jobs(connection: Connection, *, kind: str | None, limit: int) -> list[Job]:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from scheduler.contract.errors import SchedulerKernelError
-from scheduler.store.failures import find_storage_failure_code, storage_unavailable
+from scheduler.store.plumbing.failures import find_storage_failure_code, storage_unavailable
 
 
 def readonly_engine(path: Path, *, immutable: bool = False) -> Engine:

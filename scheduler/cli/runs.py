@@ -16,9 +16,9 @@ from typing import Any, Final
 from sqlalchemy import Connection, Select, select, tuple_
 
 from scheduler.schema import tables as t
-from scheduler.store.dialect import json_text_field
+from scheduler.store.plumbing.constructs import json_text_field
+from scheduler.store.plumbing.rows import map_occurrence
 from scheduler.store.records import Occurrence
-from scheduler.store.rows import map_occurrence
 
 MAX_WALKED_JOBS: Final = 64
 """A queue with more tasks than this is listed by one filtered, sorted statement."""

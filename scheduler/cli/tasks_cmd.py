@@ -47,7 +47,7 @@ from scheduler.cli.ops import (
 from scheduler.cli.reads import events_table, key_option, short_ids
 from scheduler.cli.runs import Run, RunFilter, list_runs, queue_of, run_cursor
 from scheduler.contract.constants import DEAD_LETTER, MAX_HISTORY_LIMIT, OCCURRENCE_STATUSES
-from scheduler.store.cancellation import normalize_cancel_reason
+from scheduler.store.capabilities.cancellation import normalize_cancel_reason
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.records import RequeueResult
 from scheduler.tasks.operations import (

@@ -17,9 +17,16 @@ from sqlalchemy import select
 from scheduler.contract.constants import DEAD_LETTER, RUNNING
 from scheduler.dashboard.queries import WINDOW, awaiting_decision_filter, newest_dead_letters_window
 from scheduler.schema import tables as t
-from scheduler.store.adjudication import candidate_cases, load_adjudication_case, map_adjudication
-from scheduler.store.authority import load_authority_reservation, load_occurrence
-from scheduler.store.history import read_events
+from scheduler.store.capabilities.adjudication import (
+    candidate_cases,
+    load_adjudication_case,
+    map_adjudication,
+)
+from scheduler.store.capabilities.authority import load_authority_reservation, load_occurrence
+from scheduler.store.capabilities.history import read_events
+from scheduler.store.capabilities.runtime_reads import load_occurrence_control, map_occurrence_control
+from scheduler.store.plumbing.rows import map_job
+from scheduler.store.plumbing.tx import Tx
 from scheduler.store.records import (
     Adjudication,
     AdjudicationCase,
@@ -29,9 +36,6 @@ from scheduler.store.records import (
     Occurrence,
     OccurrenceControl,
 )
-from scheduler.store.rows import map_job
-from scheduler.store.runtime_reads import load_occurrence_control, map_occurrence_control
-from scheduler.store.tx import Tx
 
 TIMELINE: Final = 200
 """Events shown on a run's page (the store's history bound)."""

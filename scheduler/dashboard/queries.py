@@ -20,10 +20,10 @@ from sqlalchemy import ScalarSelect, Select, and_, case, exists, func, literal, 
 
 from scheduler.contract.constants import DEAD_LETTER, OCCURRENCE_STATUSES, RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.dead_letters import OUTCOME_UNKNOWN_GLOB
-from scheduler.store.dialect import glob_match, json_text_field
-from scheduler.store.stats import DEPTH_STATUSES, oldest_due_in
-from scheduler.store.tx import Tx
+from scheduler.store.capabilities.dead_letters import OUTCOME_UNKNOWN_GLOB
+from scheduler.store.capabilities.stats import DEPTH_STATUSES, oldest_due_in
+from scheduler.store.plumbing.constructs import glob_match, json_text_field
+from scheduler.store.plumbing.tx import Tx
 
 WINDOW: Final = 10_000
 """Rows a count, or a filter no index serves, reads at most."""

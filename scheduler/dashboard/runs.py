@@ -36,9 +36,9 @@ from scheduler.contract.errors import invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.dashboard.queries import WINDOW, status_count
 from scheduler.schema import tables as t
-from scheduler.store.dialect import json_text_field
-from scheduler.store.rows import read_optional_json
-from scheduler.store.tx import Tx
+from scheduler.store.plumbing.constructs import json_text_field
+from scheduler.store.plumbing.rows import read_optional_json
+from scheduler.store.plumbing.tx import Tx
 
 PAGE: Final = 50
 MAX_JOBS: Final = 64

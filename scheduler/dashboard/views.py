@@ -25,7 +25,7 @@ from scheduler.dashboard.actions import BULK_LIMIT, CANCELLABLE
 from scheduler.dashboard.runs import RunFilter, list_runs_in
 from scheduler.dashboard.security import CSRF_FIELD, Guard, root_path, route_path
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.tx import Tx
+from scheduler.store.plumbing.tx import Tx
 from scheduler.worker.triggers import TriggerError, parse_trigger
 
 T = TypeVar("T")

@@ -187,7 +187,7 @@ Index("scheduler_events_job", events.c.job_id, events.c.event_id.desc())
 
 # --------------------------------------------------------------------------- PostgreSQL-only (v1)
 #
-# The claim path reads the same bounded probes on both dialects (scheduler/store/claim_query.py),
+# The claim path reads the same bounded probes on both dialects (scheduler/store/capabilities/claim_query.py),
 # served by scheduler_occurrences_claim, except the expired-final-attempt sweep (seed: WHERE
 # status = 'running' AND lease_expires_at <= :now ORDER BY lease_expires_at, occurrence_id
 # LIMIT 100, run on every claim): on PostgreSQL the planner serves it from this partial index, an

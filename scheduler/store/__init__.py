@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from scheduler.backends.sqlite.engine import WRITER_OPTION, mark_writer, sqlite_engine
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.opening import default_database_path, open_store
-from scheduler.store.sqlite_engine import WRITER_OPTION, mark_writer, sqlite_engine
 
 __all__ = [
     "WRITER_OPTION",

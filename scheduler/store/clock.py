@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from scheduler.store.lifecycle import reset_after_fork
+from scheduler.store.plumbing.lifecycle import reset_after_fork
 
 
 def wall_clock() -> int:

@@ -8,31 +8,31 @@ from types import TracebackType
 
 from sqlalchemy import Connection, select
 
+from scheduler import backends as dialects
 from scheduler.contract.errors import invalid_argument
 from scheduler.schema import tables as t
 from scheduler.schema.target import SchemaTarget, schema_target
-from scheduler.store import dialects
-from scheduler.store.adjudication import AdjudicationOperations
-from scheduler.store.authority import AuthorityOperations
-from scheduler.store.cancellation import CancellationOperations
+from scheduler.store.capabilities.adjudication import AdjudicationOperations
+from scheduler.store.capabilities.authority import AuthorityOperations
+from scheduler.store.capabilities.cancellation import CancellationOperations
+from scheduler.store.capabilities.domain_migrations import DomainMigrationOperations
+from scheduler.store.capabilities.history import HistoryOperations
+from scheduler.store.capabilities.jobs import JobOperations
+from scheduler.store.capabilities.leases import LeaseOperations
+from scheduler.store.capabilities.notify import NotifyOperations
+from scheduler.store.capabilities.occurrences import OccurrenceOperations
+from scheduler.store.capabilities.periodic_ticks import PeriodicTickOperations
+from scheduler.store.capabilities.prune import PruneOperations
+from scheduler.store.capabilities.release import ReleaseOperations
+from scheduler.store.capabilities.runtime_control import RuntimeControlOperations
+from scheduler.store.capabilities.stats import StatsOperations
+from scheduler.store.capabilities.worker_reads import WorkerReadOperations
 from scheduler.store.clock import wall_clock
-from scheduler.store.history import HistoryOperations
-from scheduler.store.jobs import JobOperations
-from scheduler.store.leases import LeaseOperations
-from scheduler.store.migrations import DomainMigrationOperations
-from scheduler.store.nested_runner import NestedRunner
-from scheduler.store.notify import NotifyOperations
-from scheduler.store.occurrences import OccurrenceOperations
-from scheduler.store.periodic_ticks import PeriodicTickOperations
-from scheduler.store.prune import PruneOperations
+from scheduler.store.plumbing.nested_runner import NestedRunner
+from scheduler.store.plumbing.runner_base import SERVER_CLOCK, Runner
+from scheduler.store.plumbing.session import OwnedRunner
+from scheduler.store.plumbing.tx import Clock, Tx
 from scheduler.store.records import MigrationRecord, SchemaInfo
-from scheduler.store.release import ReleaseOperations
-from scheduler.store.runner_base import SERVER_CLOCK, Runner
-from scheduler.store.runtime_control import RuntimeControlOperations
-from scheduler.store.session import OwnedRunner
-from scheduler.store.stats import StatsOperations
-from scheduler.store.tx import Clock, Tx
-from scheduler.store.worker_reads import WorkerReadOperations
 
 
 def _schema_info(tx: Tx, target: SchemaTarget) -> SchemaInfo:

@@ -16,30 +16,31 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
-from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEOUT_MS
-from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.scalars import normalize_epoch_ms
-from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
-from scheduler.store import files, opening_postgresql
-from scheduler.store.checkpoints import WalCheckpoints, journal_size_limit_pragma
-from scheduler.store.clock import wall_clock
-from scheduler.store.dialects.sqlite import (
+from scheduler.backends.postgresql import opening as opening_postgresql
+from scheduler.backends.sqlite import files
+from scheduler.backends.sqlite.backend import (
     CHECKPOINT_ON_CLOSE,
     DURABILITY_PRAGMAS,
     open_pragmas,
 )
-from scheduler.store.dialects.sqlite import driver_in_transaction as sqlite_driver_in_transaction
-from scheduler.store.facade import SchedulerStore
-from scheduler.store.opening_sqlite import (
+from scheduler.backends.sqlite.backend import driver_in_transaction as sqlite_driver_in_transaction
+from scheduler.backends.sqlite.checkpoints import WalCheckpoints, journal_size_limit_pragma
+from scheduler.backends.sqlite.opening import (
     OpenProgress,
     initialize_or_upgrade,
     pragma,
     pragma_value,
     switch_to_wal,
 )
-from scheduler.store.runner_base import SERVER_CLOCK
-from scheduler.store.session import OwnedRunner
-from scheduler.store.tx import Clock
+from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEOUT_MS
+from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.contract.scalars import normalize_epoch_ms
+from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
+from scheduler.store.clock import wall_clock
+from scheduler.store.facade import SchedulerStore
+from scheduler.store.plumbing.runner_base import SERVER_CLOCK
+from scheduler.store.plumbing.session import OwnedRunner
+from scheduler.store.plumbing.tx import Clock
 
 log = logging.getLogger("scheduler.store")
 

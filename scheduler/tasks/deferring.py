@@ -23,8 +23,8 @@ from typing import Any, Final
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.contract.storable import normalize_key
+from scheduler.store.capabilities.queues import Enqueue, enqueue_now_or_at
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.queues import Enqueue, enqueue_now_or_at
 from scheduler.store.records import Occurrence
 from scheduler.tasks.arguments import bind_arguments, payload_of, same_call
 from scheduler.tasks.definition import TaskDefinition

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.store.capabilities.queues import find_occurrences
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.queues import find_occurrences
 from scheduler.store.records import Occurrence
 
 CANCELLABLE: Final = ("queued", "retry_wait", "running")

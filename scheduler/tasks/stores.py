@@ -29,11 +29,11 @@ from sqlalchemy.engine import URL, make_url
 
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import invalid_argument
+from scheduler.store.capabilities.queues import notify_settlements
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.lifecycle import reset_after_fork
 from scheduler.store.opening import MEMORY, OpenOptions, open_store
-from scheduler.store.queues import notify_settlements
-from scheduler.store.runner_base import SERVER_CLOCK
+from scheduler.store.plumbing.lifecycle import reset_after_fork
+from scheduler.store.plumbing.runner_base import SERVER_CLOCK
 from scheduler.tasks.asyncio_layer import async_api, is_async_engine, is_async_store
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import is_safe_int
 from scheduler.contract.storable import normalize_key, normalize_stored_authority
+from scheduler.store.capabilities.occurrence_rows import with_index
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.lifecycle import keep_forever, reset_after_fork
-from scheduler.store.occurrence_rows import with_index
+from scheduler.store.plumbing.lifecycle import keep_forever, reset_after_fork
 from scheduler.store.records import Job, Occurrence
 from scheduler.tasks.asyncio_layer import async_api, is_async_connection, is_async_session
 from scheduler.tasks.deferring import DeferCall, defer_on

@@ -5,7 +5,8 @@ A waiter reads the run, and until it ended (``succeeded`` or ``dead_letter``) sl
 
 * PostgreSQL: one ``LISTEN`` connection per ``Tasks`` object (opened on the first wait, a
   :class:`~scheduler.worker.ListenWaker` on the work and settle channels). Workers of a ``Tasks``
-  object notify the settle channel when a run ends (:func:`scheduler.store.queues.notify_settlements`);
+  object notify the settle channel when a run ends
+  (:func:`scheduler.store.capabilities.queues.notify_settlements`);
   a waiter also re-reads at least every second, which covers runs ended by other stores.
 * Elsewhere (SQLite): polling, from 5 ms doubling to 100 ms; a worker in the same process wakes
   the waiters at once.
@@ -24,8 +25,8 @@ from typing import Final
 
 from scheduler.contract.constants import TERMINAL_STATUSES
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
+from scheduler.store.capabilities.queues import notify_settlements
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.queues import notify_settlements
 from scheduler.store.records import Occurrence
 from scheduler.worker.waker import ListenWaker, PollingWaker
 

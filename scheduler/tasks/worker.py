@@ -6,7 +6,7 @@ It is a :class:`~scheduler.worker.Worker` whose handlers are the tasks' queues, 
   of the first queue is always taken before any run of the next (a busy cycle settles and claims
   the first queue in one transaction, then tries the others);
 * **queue caps** — a queue with ``concurrency`` in ``Tasks(queues=…)`` is claimed through
-  :func:`scheduler.store.queues.claim_next_capped`, which never lets more than that many of its
+  :func:`scheduler.store.capabilities.queues.claim_next_capped`, which never lets more than that many of its
   runs hold a live lease at once, across every worker, process and host;
 * **time limits and cancellation** — :mod:`scheduler.tasks.supervision`;
 * **the call** — a run's stored arguments are bound back to the task function (``ctx`` passed when
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
+from scheduler.store.capabilities.queues import claim_next_capped, notify_settlements
+from scheduler.store.capabilities.worker_reads import OccurrenceRuntime
 from scheduler.store.facade import SchedulerStore
-from scheduler.store.queues import claim_next_capped, notify_settlements
 from scheduler.store.records import Job, Occurrence
-from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.tasks.arguments import call_of, trace_of
 from scheduler.tasks.definition import TaskDefinition
 from scheduler.tasks.supervision import TASK_TIMEOUT, Supervisor, TaskLeaseKeeper, Watch

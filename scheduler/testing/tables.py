@@ -10,7 +10,7 @@ from scheduler.schema import tables as t
 
 if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore
-    from scheduler.store.tx import Tx
+    from scheduler.store.plumbing.tx import Tx
 
 SQLITE_SEQUENCE = Table("sqlite_sequence", MetaData(), Column("name", Text), Column("seq", Integer))
 """SQLite's own AUTOINCREMENT table (the ``events`` counter); it exists only on SQLite. A ``Table``

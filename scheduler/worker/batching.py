@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from scheduler.contract.errors import SchedulerKernelError
+from scheduler.store.capabilities.worker_reads import OccurrenceRuntime, occurrence_runtimes
+from scheduler.store.plumbing.telemetry import describe, handler_timings
 from scheduler.store.records import Occurrence
-from scheduler.store.telemetry import describe, handler_timings
-from scheduler.store.worker_reads import OccurrenceRuntime, occurrence_runtimes
 from scheduler.worker.execution import Settlement
 from scheduler.worker.lease_keeper import LEASE_LOST, STORAGE_UNAVAILABLE, STORE_CLOSED, Lease
 from scheduler.worker.waker import IdleBackoff

@@ -26,8 +26,8 @@ from typing import Any, Final
 
 from scheduler.contract.canonical import normalize_json
 from scheduler.contract.errors import SchedulerKernelError
+from scheduler.store.plumbing.telemetry import record_handler_duration
 from scheduler.store.records import Occurrence
-from scheduler.store.telemetry import record_handler_duration
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.policy import PermanentError, error_document, result_not_json
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from scheduler.contract.errors import SchedulerKernelError
+from scheduler.store.plumbing.telemetry import describe
 from scheduler.store.records import Occurrence
-from scheduler.store.telemetry import describe
 
 if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore

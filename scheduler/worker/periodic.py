@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 from scheduler.contract.errors import SchedulerKernelError
-from scheduler.store.periodic_ticks import PeriodicState
+from scheduler.store.capabilities.periodic_ticks import PeriodicState
+from scheduler.store.plumbing.telemetry import describe
 from scheduler.store.records import Job, Occurrence
-from scheduler.store.telemetry import describe
 from scheduler.worker.triggers import Tick, Trigger, TriggerError, due_ticks, parse_trigger
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
+from scheduler.store.capabilities.worker_reads import OccurrenceRuntime
+from scheduler.store.plumbing.telemetry import describe, handler_timing, record_claim_latency
 from scheduler.store.records import Job, Occurrence
-from scheduler.store.telemetry import describe, handler_timing, record_claim_latency
-from scheduler.store.worker_reads import OccurrenceRuntime
 from scheduler.worker.batching import CycleGroups, batching_store
 from scheduler.worker.context import HandlerContext
 from scheduler.worker.execution import (

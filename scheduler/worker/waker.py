@@ -4,7 +4,7 @@ A worker polls with a growing delay while it finds nothing (``IdleBackoff``) and
 ``Waker.wait``. ``PollingWaker`` is woken only from inside the process (``stop()``, a periodic
 tick this worker enqueued). ``ListenWaker`` (PostgreSQL) is also woken by the ``NOTIFY`` that
 the store sends from its own transactions when they make work claimable
-(:mod:`scheduler.store.wakeups`). Workers still poll with the capped backoff, so a lost
+(:mod:`scheduler.backends.postgresql.wakeups`). Workers still poll with the capped backoff, so a lost
 notification (or an outbox enqueue, which never notifies) only delays work, never loses it.
 """
 

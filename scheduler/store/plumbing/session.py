@@ -1,0 +1,320 @@
+"""Transactions: how every store operation gets its connection, clock sample and atomicity.
+
+A ``Runner`` (``runner_base``) executes one operation callback inside a transaction:
+
+* ``OwnedRunner`` (here) — the store owns its connection: each write is ``BEGIN IMMEDIATE`` …
+  ``COMMIT``, each read a deferred ``BEGIN`` (one consistent snapshot); a ``transaction()`` block
+  is one such transaction, its operations run by a ``NestedRunner``.
+* ``NestedRunner`` (``nested_runner``) — an outer transaction already exists
+  (``store.transaction()`` or a caller's connection via ``SchedulerStore.on_connection``): each
+  operation runs in a ``SAVEPOINT`` so a failed call leaves nothing behind, and nothing is ever
+  committed here.
+
+Storage failures anywhere in the cause chain become ``SCHEDULER_STORAGE_UNAVAILABLE`` with a
+truthful ``commitState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from sqlalchemy import Connection
+
+from scheduler.backends.postgresql.backend import IN_FAILED_TRANSACTION
+from scheduler.backends.postgresql.cycle_statement import PendingCycle
+from scheduler.backends.postgresql.wakeups import (
+    send_wakeup,
+    settle_channel,
+    settles_runs,
+    wake_channel,
+    wakes_workers,
+)
+from scheduler.backends.sqlite.backend import BEGIN_READ, BEGIN_WRITE
+from scheduler.backends.sqlite.checkpoints import WalCheckpoints
+from scheduler.contract.errors import SchedulerKernelError
+from scheduler.store.plumbing.failures import classify_storage_failure, storage_unavailable
+from scheduler.store.plumbing.fastpath import FastPath
+from scheduler.store.plumbing.nested_runner import NestedRunner, block_runner
+from scheduler.store.plumbing.runner_base import RunnerBase, T
+from scheduler.store.plumbing.telemetry import collect, emit_all
+from scheduler.store.plumbing.tx import RestartTransaction, Tx, WholeCycleMissed
+
+
+class OwnedRunner(RunnerBase):
+    """Runs each operation in its own transaction on a connection the store owns.
+
+    After a lost connection (PostgreSQL) the next call runs on a new driver connection: the
+    failed one was invalidated, and SQLAlchemy checks out a new one when the runner next uses it.
+    On a database file, ``wal`` keeps the write-ahead log in bounds (``checkpoints.py``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.fastpath is not None and self._owns_fastpath:
+            self.fastpath.serve_named()
+
+    session_setup: Callable[[Connection], None] | None = None
+    """Run on each new driver connection before its first transaction (PostgreSQL: the lock
+    timeout and isolation level), so a store that reconnected runs exactly as before."""
+    _prepared_driver: Any = None
+    wal: WalCheckpoints | None = None
+    notify_settled: bool = False
+    """Also notify the settle channel from a transaction that ended an occurrence
+    (:mod:`scheduler.backends.postgresql.wakeups`; the Tasks layer's result waiters listen there)."""
+
+    @property
+    def wake_channel(self) -> str | None:
+        """Where committed writes that made work claimable notify idle workers (PostgreSQL)."""
+        return wake_channel(self.target.schema) if self.target.is_postgresql else None
+
+    def write(self, operation: Callable[[Tx], T]) -> T:
+        return self._guarded(lambda: self._write_and_count(operation))
+
+    def _write_and_count(self, operation: Callable[[Tx], T]) -> T:
+        result = self._run(operation, BEGIN_WRITE)
+        if self.wal is not None:
+            self.wal.after_write(self.conn)
+        return result
+
+    def idle(self) -> None:
+        wal = self.wal
+        if wal is None:
+            return
+        with suppress(SchedulerKernelError):  # closed meanwhile: the housekeeping is optional
+            self._guarded(lambda: wal.idle(self.conn))
+
+    def read(self, operation: Callable[[Tx], T]) -> T:
+        return self._guarded(lambda: self._run(operation, BEGIN_READ, sample_clock=False))
+
+    def _prepare_driver(self) -> None:
+        """``session_setup`` once per driver connection (accessing it reconnects if needed).
+
+        A reconnect that fails (the server is unreachable) is ``SCHEDULER_STORAGE_UNAVAILABLE``,
+        ``not_committed``: nothing was sent.
+        """
+        if self.session_setup is None:
+            return
+        try:
+            driver = self.conn.connection.dbapi_connection
+            if driver is not self._prepared_driver:
+                self.session_setup(self.conn)
+                self._prepared_driver = driver
+        except Exception as error:
+            classified = classify_storage_failure(error, phase="write", commit_state="not_committed")
+            if classified is None:
+                raise
+            raise classified from error
+
+    def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
+        """Run ``operation`` in a transaction of its own; a write among concurrent writers is
+        restartable (``Tx.restartable``): run once more, with savepoints, if it asks to be. A quiet
+        cycle whose one statement missed (``WholeCycleMissed``) first runs once more restartable,
+        the usual way."""
+        restartable = begin == BEGIN_WRITE and self.dialect.CONCURRENT_WRITERS
+        try:
+            try:
+                return self._attempt(operation, begin, sample_clock, restartable=restartable)
+            except WholeCycleMissed as missed:  # the cycle the usual way, still restartable
+                return self._attempt(
+                    operation,
+                    begin,
+                    sample_clock,
+                    restartable=restartable,
+                    clock_sample=missed.clock_sample,
+                    whole_cycles=False,
+                )
+        except RestartTransaction as restart:
+            return self._attempt(
+                operation, begin, sample_clock, restartable=False, clock_sample=restart.clock_sample
+            )
+
+    def _attempt(
+        self,
+        operation: Callable[[Tx], T],
+        begin: str,
+        sample_clock: bool,
+        *,
+        restartable: bool,
+        clock_sample: int | None = None,
+        whole_cycles: bool = True,
+    ) -> T:
+        returned = False
+        tx: Tx | None = None
+        self._prepare_driver()
+        fast = self._usable_fastpath()
+        # With the fast path the transaction is the driver's own (BEGIN … COMMIT on it): the
+        # SQLAlchemy Connection only begins one if a statement falls back to its execution.
+        transaction = None if fast is not None else self.conn.begin()
+        try:
+            self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
+            tx = self._tx(
+                sample_clock,
+                fast,
+                restartable=restartable,
+                clock_sample=clock_sample,
+                whole_cycles=whole_cycles,
+            )
+            result = operation(tx)
+            changes = collect(tx)  # inside the transaction: before a COMMIT sent with the writes
+            self._finish_writes(tx, fast)
+            if tx.finish is not None:
+                result = tx.finish(result)
+            returned = True
+            self._commit(transaction, fast)  # also ends SQLAlchemy's record of a transaction
+            if fast is not None:
+                fast.end_transaction()
+            changes.emit()
+            return result
+        except BaseException as error:
+            closed = self._rollback(transaction or self.conn.get_transaction())
+            if isinstance(error, RestartTransaction):
+                error.clock_sample = None if tx is None else tx.clock_sample
+                raise
+            if isinstance(error, SchedulerKernelError):
+                raise
+            # Once COMMIT was sent (after the body, or with its last writes), it may have been
+            # applied: only a failure before it, with the transaction provably closed, is
+            # "not_committed" (seed: _write).
+            sent = returned or (fast is not None and fast.commit_sent)
+            classified = classify_storage_failure(
+                error, phase="write", commit_state="not_committed" if closed and not sent else "unknown"
+            )
+            if classified is None:
+                raise
+            raise classified from error
+
+    def _finish_writes(self, tx: Tx, fast: FastPath | None) -> None:
+        """Send what the call kept for its end, with the ``COMMIT`` where it can go with it (a
+        restartable call with named statements that wakes no worker: the notification must
+        precede the ``COMMIT``)."""
+        woken = wakes_workers(tx.events)
+        watched = not woken and self.notify_settled and self._may_settle(tx)
+        if fast is not None and fast.sends_commit and tx.restartable and not woken and not watched:
+            tx.flush_writes(commit=True)
+            return
+        tx.flush_writes()
+        self._notify_if_woken(woken, settled=watched and settles_runs(tx.events))
+
+    @staticmethod
+    def _may_settle(tx: Tx) -> bool:
+        """Whether the call ended an occurrence, or may have in its writes statement (a whole
+        cycle left to it: its settlement's events are known once it ran)."""
+        return isinstance(tx.pick, PendingCycle) or settles_runs(tx.events)
+
+    def _commit(self, transaction: Any, fast: FastPath | None) -> None:
+        """COMMIT: the SQLAlchemy transaction begun (or auto-begun by a statement SQLAlchemy
+        executed), else the driver's own transaction of the fast path (nothing is sent when the
+        ``COMMIT`` went with the call's last writes).
+
+        An aborted transaction is never committed (PostgreSQL would roll it back and report no
+        error): ``SCHEDULER_STORAGE_UNAVAILABLE``, 25P02, ``not_committed``.
+        """
+        if fast is not None and fast.transaction_failed():
+            raise storage_unavailable(
+                phase="write", storage_code=IN_FAILED_TRANSACTION, commit_state="not_committed"
+            )
+        transaction = transaction or self.conn.get_transaction()
+        if transaction is not None:
+            transaction.commit()
+        elif fast is not None:
+            fast.commit(self.conn)
+
+    def _notify_if_woken(self, woken: bool, *, settled: bool = False) -> None:
+        """At most one ``NOTIFY`` in this store-owned transaction: on the work channel when it
+        made work claimable (API §9), else on the settle channel when it ended an occurrence and
+        ``notify_settled`` is on."""
+        if not self.target.is_postgresql or not (woken or settled):
+            return
+        schema = self.target.schema
+        if self.fastpath is not None:
+            self.fastpath.ensure_begun(self.conn)
+        send_wakeup(self.conn, wake_channel(schema) if woken else settle_channel(schema))
+
+    def _rollback(self, transaction: Any) -> bool:
+        fast = self.fastpath
+        if fast is not None and not self.conn.invalidated:
+            with suppress(Exception):  # closed meanwhile: the rollback below handles it
+                fast.rollback_keeping_prepared(self.conn)
+        try:
+            return self._rollback_driver(transaction)
+        finally:
+            if fast is not None:
+                fast.end_transaction()
+
+    def _rollback_driver(self, transaction: Any) -> bool:
+        # Also closes a transaction that a failed COMMIT left inactive (else the next begin() fails).
+        with suppress(Exception):
+            transaction.rollback()
+        if self.conn.invalidated:
+            # The driver connection is gone, and the server rolls back what it had not committed.
+            # Asking the driver now would reconnect (and raise if the server is unreachable);
+            # the next call reconnects.
+            return True
+        in_transaction = self.dialect.driver_in_transaction
+        try:
+            if in_transaction(self.conn):
+                # SQLAlchemy skips the driver rollback of an inactive transaction: do not keep the lock.
+                with suppress(Exception):
+                    self.conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+            return in_transaction(self.conn) is False
+        except Exception:  # the state cannot be read: the transaction may still be open
+            return False
+
+    @contextmanager
+    def outer_transaction(self) -> Iterator[NestedRunner]:
+        """``BEGIN IMMEDIATE`` for a block of operations that commit or roll back together.
+
+        The lock is held for the whole block (other threads wait); the block's runner is
+        finished when the block ends, whatever the outcome.
+        """
+        self._enter()
+        try:
+            transaction, inner = self._begin_block()
+            try:
+                try:
+                    yield inner
+                    inner.raise_if_enclosing_rolled_back()
+                except BaseException:
+                    self._rollback(transaction)
+                    raise
+                self._commit_block(transaction, inner.wakes, settled=self.notify_settled and inner.settles)
+                emit_all(inner.sink or ())
+            finally:
+                inner.finish()
+        finally:
+            self._leave()
+
+    def _begin_block(self) -> tuple[Any, NestedRunner]:
+        self._prepare_driver()
+        transaction = self.conn.begin()
+        try:
+            self.dialect.begin(self.conn, write=True, fast=None)
+        except Exception as error:  # e.g. SQLITE_BUSY: nothing ran yet, the block may be retried
+            closed = self._rollback(transaction)
+            classified = classify_storage_failure(
+                error, phase="write", commit_state="not_committed" if closed else "unknown"
+            )
+            if classified is None:
+                raise
+            raise classified from error
+        return transaction, block_runner(self, owned_block=True)
+
+    def _commit_block(self, transaction: Any, woken: bool, *, settled: bool = False) -> None:
+        notified = False
+        try:
+            self._notify_if_woken(woken, settled=settled)
+            notified = True
+            transaction.commit()
+        except Exception as error:
+            closed = self._rollback(transaction)
+            classified = classify_storage_failure(
+                error,
+                phase="commit",
+                commit_state="not_committed" if closed and not notified else "unknown",
+                owns_transaction=False,
+            )
+            if classified is None:
+                raise
+            raise classified from error
