@@ -21,7 +21,9 @@ connection, engine or dialect events (so ``before_cursor_execute`` listeners see
 statement), echo, or execution options other than the isolation level (and a
 ``schema_translate_map`` the store's own map does not override). Driver errors go through
 SQLAlchemy's own error handling, so they surface wrapped exactly as ``Connection.execute`` wraps
-them.
+them. The SQLAlchemy and psycopg internals all this reads are read through
+:mod:`~scheduler.store.plumbing.library_internals`; where it reports them unavailable (an untested
+version, or ``SCHEDULER_PUBLIC_PATH=1``) there is no fast path, or no plan for the statement.
 """
 
 from __future__ import annotations
