@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, select, tuple_
 
 from scheduler import SchedulerStore, open_store
 from scheduler.schema import tables as t
-from scheduler.store.plumbing import fastpath, statement_plans
+from scheduler.store.plumbing import library_internals, statement_plans
 
 T0 = 1767225600000
 AUTHORITY = {"principal": {"type": "user", "id": "u"}}
@@ -103,8 +103,8 @@ def test_a_changed_compiler_internal_falls_back_to_sqlalchemy(
 def test_a_missing_connection_internal_turns_the_fast_path_off(
     tmp_path: Path, reference: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    internals = (*fastpath._CONNECTION_INTERNALS, "_an_attribute_a_future_release_renamed")
-    monkeypatch.setattr(fastpath, "_CONNECTION_INTERNALS", internals)
+    internals = (*library_internals.CONNECTION_INTERNALS, "_an_attribute_a_future_release_renamed")
+    monkeypatch.setattr(library_internals, "CONNECTION_INTERNALS", internals)
     results, plans = run(tmp_path, "no-connection-internal.sqlite")
     assert plans == {}
     assert results == reference

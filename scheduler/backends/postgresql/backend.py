@@ -9,6 +9,7 @@ import errno
 import socket
 import zlib
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, Final
 
 from sqlalchemy import BigInteger, Connection, String, column, text
@@ -19,6 +20,7 @@ from scheduler.backends.postgresql.server_statements import STATEMENT_GONE
 from scheduler.schema.checks import glob_to_regex
 from scheduler.schema.ddl import SCHEDULER_APPLICATION_ID
 from scheduler.schema.target import SchemaTarget
+from scheduler.store.plumbing import library_internals
 from scheduler.store.plumbing.constructs import (
     correlated_exists,
     expiry_order,
@@ -33,6 +35,7 @@ from scheduler.store.plumbing.constructs import (
     server_instant,
 )
 from scheduler.store.plumbing.fastpath import FastPath
+from scheduler.store.plumbing.library_internals import InternalsUnavailable
 from scheduler.store.plumbing.statement_plans import Prepared
 
 NAME: Final = "postgresql"
@@ -56,16 +59,12 @@ def cache_long_statements() -> None:
     """Raise psycopg's parsed-query cache limit to :data:`CACHED_STATEMENT_LENGTH` (idempotent).
 
     The limit is a module global of psycopg (process-wide, never lowered here); the cache stays
-    bounded by its 128 entries. A psycopg release without that global is left as it is (the
-    statements then run as before, only parsed on each execution).
+    bounded by its 128 entries. A psycopg release without that global, or of a version not tested
+    (:mod:`~scheduler.store.plumbing.library_internals`), is left as it is (the statements then run
+    as before, only parsed on each execution).
     """
-    try:
-        from psycopg import _queries
-    except ImportError:  # psycopg not installed, or a release that moved the module
-        return
-    current = getattr(_queries, "MAX_CACHED_STATEMENT_LENGTH", None)
-    if isinstance(current, int) and current < CACHED_STATEMENT_LENGTH:
-        _queries.MAX_CACHED_STATEMENT_LENGTH = CACHED_STATEMENT_LENGTH
+    with suppress(InternalsUnavailable):
+        library_internals.raise_psycopg_parse_cache_limit(CACHED_STATEMENT_LENGTH)
 
 
 def _literal(compiler: SQLCompiler, value: str) -> str:

@@ -38,7 +38,10 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.expression import Exists
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.sql.visitors import InternalTraversal, _TraverseInternalsType
+from sqlalchemy.sql.visitors import InternalTraversal
+
+_TraverseInternalsType = list[tuple[str, InternalTraversal]]
+"""What SQLAlchemy reads of a construct's ``_traverse_internals`` (its cache key): (attribute, kind)."""
 
 if TYPE_CHECKING:
     from scheduler.schema.target import SchemaTarget

@@ -21,7 +21,9 @@ connection, engine or dialect events (so ``before_cursor_execute`` listeners see
 statement), echo, or execution options other than the isolation level (and a
 ``schema_translate_map`` the store's own map does not override). Driver errors go through
 SQLAlchemy's own error handling, so they surface wrapped exactly as ``Connection.execute`` wraps
-them.
+them. The SQLAlchemy and psycopg internals all this reads are read through
+:mod:`~scheduler.store.plumbing.library_internals`; where it reports them unavailable (an untested
+version, or ``SCHEDULER_PUBLIC_PATH=1``) there is no fast path, or no plan for the statement.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from scheduler.backends.postgresql.server_statements import (
     connection_fits,
     execute_text,
 )
+from scheduler.store.plumbing import library_internals as internals
 from scheduler.store.plumbing import statement_plans
+from scheduler.store.plumbing.library_internals import InternalsUnavailable
 from scheduler.store.plumbing.restart import RestartTransaction
 from scheduler.store.plumbing.statement_plans import STATEMENTS_LOCK, Plan, Prepared, SchemaMap
 
@@ -59,14 +63,6 @@ _THRESHOLD_KEPT: Final = "scheduler.prepare_threshold"
 _NAMED: Final = "scheduler.named_statements"
 # (dialect, driver, parameter style) the fast path runs statements for.
 _DRIVERS: Final = frozenset({("sqlite", "pysqlite", "qmark"), ("postgresql", "psycopg", "pyformat")})
-# The SQLAlchemy (2.x) connection internals the fast path consults; without them it stays off.
-_CONNECTION_INTERNALS: Final = ("_has_events", "_echo", "_execution_options", "_handle_dbapi_exception")
-
-
-def _clearable(cache: Any) -> bool:
-    """Whether psycopg's statement cache has the parts :meth:`FastPath._bind_server_statements`
-    empties (psycopg 3's ``PrepareManager``; another release: no named statements)."""
-    return all(hasattr(cache, part) for part in ("_names", "_counts", "_to_flush"))
 
 
 class FastPath:
@@ -108,7 +104,9 @@ class FastPath:
         dialect = conn.dialect
         if (dialect.name, dialect.driver, dialect.paramstyle) not in _DRIVERS:
             return None
-        if not all(hasattr(conn, name) for name in _CONNECTION_INTERNALS):
+        try:
+            internals.connection_supported(conn)
+        except InternalsUnavailable:  # SQLAlchemy's public path (library_internals)
             return None
         return FastPath(dialect, translate_map)
 
@@ -117,14 +115,12 @@ class FastPath:
 
         Called once per transaction; it also (re)binds the cursor to the current driver connection.
         """
-        if (
-            conn._has_events
-            or conn.engine._has_events
-            or conn._echo
-            or self._dialect._has_events
-            or conn.dialect is not self._dialect
-            or not self._neutral(conn._execution_options)
-        ):
+        try:
+            if internals.observed(conn, self._dialect):
+                return False
+        except InternalsUnavailable:
+            return False
+        if conn.dialect is not self._dialect or not self._neutral(conn.get_execution_options()):
             return False
         dbapi = conn.connection.dbapi_connection
         if dbapi is not self._dbapi or self._cursor is None:
@@ -155,16 +151,17 @@ class FastPath:
         self._server = None
         record = conn.connection.info
         threshold = record.setdefault(_THRESHOLD_KEPT, getattr(dbapi, "prepare_threshold", None))
-        cache: Any = getattr(dbapi, "_prepared", None)
-        if threshold is None or not connection_fits(dbapi) or not _clearable(cache):
+        if threshold is None or not connection_fits(dbapi):
             return
+        try:
+            held = internals.psycopg_prepared_count(dbapi)
+        except InternalsUnavailable:
+            return  # psycopg's own prepared statements, unnamed BEGIN and COMMIT
         server = ServerStatements()
         # Deallocated with the first PREPAREs, in autocommit (FastPath.defer_begin).
-        server.deallocate_first = bool(cache._names or record.get(_NAMED))
+        server.deallocate_first = bool(held or record.get(_NAMED))
         dbapi.prepare_threshold = None
-        cache._names.clear()
-        cache._counts.clear()
-        cache._to_flush.clear()
+        internals.forget_psycopg_prepared(dbapi)
         record[_NAMED] = True
         self._threshold_kept = threshold
         self._server = server
@@ -274,7 +271,7 @@ class FastPath:
             with suppress(Exception):
                 conn.begin()
         try:
-            conn._handle_dbapi_exception(error, sql, arguments, None, None)
+            internals.raise_dbapi_error(conn, error, sql, arguments)
         finally:
             if conn.invalidated:
                 self._cursor = self._dbapi = None  # the dead connection's; usable() binds the new one
@@ -405,7 +402,7 @@ class FastPath:
         try:
             self._dbapi.commit()
         except BaseException as error:
-            conn._handle_dbapi_exception(error, None, None, None, None)
+            internals.raise_dbapi_error(conn, error, None, None)
 
     def run(
         self, conn: Connection, prepared: Prepared, parameters: Any, *, commit: bool = False

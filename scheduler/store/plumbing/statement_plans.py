@@ -18,6 +18,9 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import UpdateBase
 
+from scheduler.store.plumbing import library_internals as internals
+from scheduler.store.plumbing.library_internals import InternalsUnavailable
+
 # Compiling a shared module-level statement in several threads at once can see another thread's
 # half-built lazy attributes on SQLAlchemy 2.0 ("All selectables passed to CompoundSelect must
 # have identical numbers of columns … has 0"): plans are compiled one at a time (once each), and
@@ -56,9 +59,17 @@ class Prepared:
         claimable or sweepable at the call's ``now``, and rows it locks itself)."""
         # INSERT/UPDATE/DELETE compile per set of parameter names (like SQLAlchemy's cache key).
         self.dml = isinstance(statement, UpdateBase)
-        self.locks = locks or self.dml or getattr(statement, "_for_update_arg", None) is not None
+        self.locks = locks or self.dml or _locks_rows(statement)
         """Running it changes what a rollback to an earlier savepoint would undo (a write or a
         row lock); a plain read does not."""
+
+
+def _locks_rows(statement: Executable) -> bool:
+    """Whether a statement locks rows at its top level (``FOR UPDATE``); unknown counts as yes."""
+    try:
+        return internals.locks_rows(statement)
+    except InternalsUnavailable:
+        return True
 
 
 def _row_type(names: Sequence[str]) -> Any:
@@ -181,24 +192,25 @@ def _arguments(names: Sequence[str], constants: dict[str, Any]) -> Arguments:
 
 
 def _unsupported(prepared: Prepared, compiled: SQLCompiler, dialect: Dialect, many: bool) -> bool:
-    """Whether executing ``compiled`` could differ from SQLAlchemy's execution of it."""
+    """Whether executing ``compiled`` could differ from SQLAlchemy's execution of it (raises
+    ``InternalsUnavailable`` where that cannot be known: :mod:`.library_internals`)."""
     return bool(
         (compiled.positiontup is None) == bool(dialect.positional)
-        or any(_processes(processor) for processor in compiled._bind_processors.values())
+        or any(_processes(processor) for processor in internals.bind_processors(compiled).values())
         or compiled.escaped_bind_names
         or (many and (compiled.post_compile_params or compiled.literal_execute_params))
         or compiled.insert_prefetch
         or compiled.update_prefetch
-        or getattr(compiled, "_collected_params", None)
-        or prepared.statement._execution_options
-        or (many and (compiled.returning or compiled._insertmanyvalues))
+        or internals.collects_params(compiled)
+        or prepared.statement.get_execution_options()
+        or (many and (compiled.returning or internals.inserts_many_values(compiled)))
         or any(
             bind.callable is not None or (bind.required and bind.key != name)
             for bind, name in compiled.bind_names.items()
         )
         or any(
-            column_type._cached_result_processor(dialect, None) is not None
-            for *_names, column_type in compiled._result_columns
+            internals.result_processor(column_type, dialect) is not None
+            for _key, column_type in internals.result_columns(compiled)
         )
     )
 
@@ -252,7 +264,8 @@ def compile_plan(
     try:
         if _unsupported(prepared, compiled, dialect, many):
             return None
-    except AttributeError:  # a SQLAlchemy release without an attribute relied on here
+        columns = [key for key, _type in internals.result_columns(compiled)]
+    except (AttributeError, InternalsUnavailable):  # SQLAlchemy's own execution (library_internals)
         return None
     positional = bool(dialect.positional)
     if positional:
@@ -267,8 +280,7 @@ def compile_plan(
         if not bind.required and name in names
     }
     row_type = None
-    if compiled._result_columns:
-        columns = [keyname for keyname, *_rest in compiled._result_columns]
+    if columns:
         if len(set(columns)) != len(columns) or not all(c.isidentifier() and c[0] != "_" for c in columns):
             return None
         row_type = _row_type(columns)
