@@ -10,12 +10,16 @@
   (``wheel_support.py``), for tests that use it as an application would.
 * ``backend``: parametrized ``"sqlite"`` / ``"postgresql"``; a ``backends.Backend`` with an
   engine and the schema to use. Use it to run one test body on both backends.
+* ``place``: parametrized the same way; where a behavioural test's store lives (``store_places.py``).
+
+``--backend sqlite|postgresql`` runs only that backend's tests (see tests/conformance/README.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 from backends import (
@@ -47,17 +51,55 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"postgresql: {describe_url(url)}" if url else f"postgresql: not configured ({HOW_TO_ENABLE})"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the server ``postgresql`` (``-m "not postgresql"`` deselects them)."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="run only this backend's tests: deselect every test that runs on another backend "
+        "(tests that use no backend in particular still run)",
+    )
+
+
+# The parameters that say which backend a test runs on (``backend``, ``place``, the claim
+# equivalence's ``harness``, the async API's ``aio_place``), and their values' backends.
+BACKEND_PARAMETERS: Final = ("backend", "place", "harness", "aio_place")
+PARAM_BACKENDS: Final = {
+    SQLITE: SQLITE,
+    "aiosqlite": SQLITE,
+    POSTGRESQL: POSTGRESQL,
+    "asyncpg": POSTGRESQL,
+    "psycopg_async": POSTGRESQL,
+}
+
+
+def item_backend(item: pytest.Item) -> str | None:
+    """The backend ``item`` runs on: named by one of its parameters, or PostgreSQL when it uses
+    the server; ``None`` for a test of no backend in particular."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        for name in BACKEND_PARAMETERS:
+            value = callspec.params.get(name)
+            if isinstance(value, str) and value in PARAM_BACKENDS:
+                return PARAM_BACKENDS[value]
+    if "postgres_server" in getattr(item, "fixturenames", ()):
+        return POSTGRESQL
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the server ``postgresql`` (``-m "not postgresql"`` deselects them);
+    with ``--backend NAME``, deselect the tests of the other backends."""
+    only = config.getoption("backend")
+    kept, deselected = [], []
     for item in items:
-        names = getattr(item, "fixturenames", ())
-        callspec = getattr(item, "callspec", None)
-        on_postgres = callspec is not None and POSTGRESQL in (
-            callspec.params.get("backend"),
-            callspec.params.get("place"),
-        )
-        if on_postgres or "postgres_server" in names:
+        backend = item_backend(item)
+        if backend == POSTGRESQL or "postgres_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgresql)
+        (deselected if only is not None and backend not in (None, only) else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,6 +1,6 @@
 """The ``scheduler worker`` usage errors and the operator commands ``prune`` and ``stats`` with
 ``--json`` and exit codes (``scheduler worker`` processes end to end, with ``requeue``, ``pause`` and
-``resume``: tests/test_worker_processes.py)."""
+``resume``: tests/conformance/test_worker_processes.py)."""
 
 from __future__ import annotations
 
