@@ -33,6 +33,7 @@ from typing import Any, Final
 import pytest
 import sqlalchemy
 from backends import POSTGRESQL, SQLITE, PostgresServer, sqlite_engine, unique_name
+from fastpath_support import Clock, workload
 from recorded import TRACES
 from replay import REPLAY_BACKENDS, NotApplicable, replay
 from sqlalchemy import (
@@ -57,7 +58,6 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import TextClause
-from test_fastpath import Clock, workload
 
 import scheduler
 import scheduler.backends
