@@ -39,7 +39,6 @@ LEASE_MS = 60_000
 def counted_fast_path(counts: Counter[str]) -> None:
     """Count every fast-path statement of this process by kind, and the calls run again."""
     from scheduler.backends.postgresql import claim_locks
-    from scheduler.backends.sqlite.backend import BEGIN_WRITE
     from scheduler.store.plumbing import fastpath, session
 
     run, driver_sql = fastpath.FastPath.run, fastpath.FastPath.run_driver_sql
@@ -68,12 +67,12 @@ def counted_fast_path(counts: Counter[str]) -> None:
             counts["statements"] += 2
         return done
 
-    def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
-        if begin == BEGIN_WRITE:
+    def counting_attempt(self: Any, operation: Any, write: bool, sample: bool, **kwargs: Any) -> Any:
+        if write:
             counts["attempts"] += 1  # every attempt of a write call: 1.00 per cycle when none ran again
-            if not kwargs["restartable"]:
-                counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
-        return attempt(self, operation, begin, sample, **kwargs)
+            if not kwargs["call"].may_run_again:
+                counts["restart"] += 1  # a second attempt (a PostgreSQL write's first may run again)
+        return attempt(self, operation, write, sample, **kwargs)
 
     def counting_driver_sql(self: Any, conn: Any, sql: str) -> None:
         counts["statements"] += 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
+from scheduler.backends import backend_named
 from scheduler.backends.postgresql import opening as opening_postgresql
 from scheduler.backends.sqlite import files
 from scheduler.backends.sqlite.backend import (
@@ -36,7 +36,7 @@ from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEO
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
-from scheduler.store.clock import wall_clock
+from scheduler.store.clock import default_uuid, wall_clock
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.plumbing.runner_base import SERVER_CLOCK
 from scheduler.store.plumbing.session import OwnedRunner
@@ -49,10 +49,6 @@ _PRIOR_ISOLATION = "scheduler_prior_isolation_level"
 _PRIOR_BUSY_TIMEOUT = "scheduler_prior_busy_timeout"
 _CHECKPOINT_SCHEMA = "scheduler_checkpoint_schema"
 DEFAULT_FILE_NAME = "kernel-v1.sqlite"
-
-
-def default_uuid() -> str:
-    return str(uuid.uuid4())
 
 
 def default_database_path() -> Path:
@@ -449,7 +445,7 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
         if application_engine is None:
             _dispose(store_engine)
 
-    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place)
+    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place, backend=backend_named("sqlite"))
     if path is not None:
         runner.wal = WalCheckpoints(path)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)
@@ -485,7 +481,7 @@ def _open_postgresql(
         if owns_engine:
             _dispose(engine)
 
-    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place)
+    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place, backend=backend_named("postgresql"))
     runner.session_setup = opening_postgresql.session_setup(timeout_ms)
     runner._prepared_driver = conn.connection.dbapi_connection  # prepared by connect()
     return SchedulerStore(runner, clock=clock, uuid_factory=uuid_factory, on_close=close)

@@ -125,11 +125,6 @@ def ensure_transaction(conn: Connection) -> None:
         conn.exec_driver_sql(BEGIN_WRITE)
 
 
-def key_locks(target: SchemaTarget) -> None:
-    """No key locks: ``BEGIN IMMEDIATE`` serializes every write transaction of the file."""
-    return None
-
-
 def server_now(conn: Connection, fast: FastPath | None = None) -> int:
     """SQLite has no server: ``clock=None`` is the local wall clock (never called)."""
     raise NotImplementedError("SQLite stores use the local wall clock")

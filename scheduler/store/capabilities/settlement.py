@@ -149,8 +149,8 @@ Their writers lock the occurrence row first, but a read that locks the row in th
 reads the joined rows on the snapshot taken before it waited for that lock: a pause request
 committed meanwhile would be missed (the control left ``pause_requested`` on a settled row). The
 ``UPDATE`` runs after the lock, so it sees them as they are; where one appeared, it writes nothing
-and the (restartable) call runs again. (A row that was read is written by the settlement with a
-compare-and-set of its own.)"""
+and the call runs again (``Backend.settle_tactic``: ``check_on_write``). (A row that was read is
+written by the settlement with a compare-and-set of its own.)"""
 _REBIND_RESUMED: Final = Prepared(
     update(_c)
     .where(
@@ -386,9 +386,10 @@ class _Settlements:
     ) -> None:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
-        if read is None and tx.concurrent and not (len(ids) == 1 and tx.restartable):
-            # Lock first, read after: see _LOCK_SETTLED (a restartable single settle checks
-            # with _SETTLE_GUARDED instead, saving the statement).
+        self.tactic = tx.backend.settle_tactic(tx.call, len(ids))
+        if read is None and self.tactic == "lock_first":
+            # Lock first, read after: see _LOCK_SETTLED ("check_on_write" checks with
+            # _SETTLE_GUARDED instead, saving the statement).
             for chunk in chunks(sorted(ids)):
                 tx.all(_LOCK_SETTLED, {"p_ids": list(chunk)})
         if read is not None:
@@ -478,7 +479,7 @@ class _Settlements:
             due = update["p_status"] == RETRY_WAIT and update["p_available"] <= update["p_now"]
             statement = _SETTLE
             conflict: Callable[[], Exception] = lambda: lease_lost(identifier)  # noqa: E731
-            if self.tx.restartable and _without_aux_rows(self.current[identifier]):
+            if self.tactic == "check_on_write" and _without_aux_rows(self.current[identifier]):
                 statement, conflict = _SETTLE_GUARDED, RestartTransaction
             # The row ran under this call's live lease (no claim read returns it); unless the
             # retry is due at once, no claim read returns it afterwards either.
