@@ -7,7 +7,7 @@ Enqueues ``--occurrences`` due rows in a schema of its own (dropped at the end),
 ``settle_and_claim``, and prints cycles/s, client and server CPU per cycle (the server must be
 local) and, per cycle, the fast path's statements: all of them, the claim lock statements, the
 ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements, the calls run again (``restart``: a
-store-owned claim that met a row changed under its lock, ``Tx.restartable``) and the attempts of
+store-owned claim that met a row changed under its lock, ``CallMode.may_run_again``) and the attempts of
 write calls (``attempts``: 1.00 when no call ran again, whatever the reason, a one-statement
 cycle's miss included). (It wraps the fast path's calls, adding ~2 µs to each.)
 

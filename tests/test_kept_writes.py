@@ -1,5 +1,5 @@
 """Writes a call keeps for later (``Tx.write_later``, ``scheduler.store.plumbing.write_batch``) and claims
-that restart instead of taking a savepoint (``Tx.restartable``).
+that restart instead of taking a savepoint (``CallMode.may_run_again``).
 
 On PostgreSQL a one-row settle or claim ``UPDATE`` is sent with the call's event rows as one
 statement (data-modifying ``WITH``), and the claim reads may run before a kept settlement when
@@ -262,7 +262,7 @@ def _slowed(statement: Prepared) -> Prepared:
 
 @contextmanager
 def _attempts_of(monkeypatch: pytest.MonkeyPatch, store: Any = None) -> Iterator[list[bool]]:
-    """The ``restartable`` flag of every transaction attempt a store-owned runner makes (only
+    """The ``CallMode.may_run_again`` of every transaction attempt a store-owned runner makes (only
     ``store``'s, if given)."""
     attempts: list[bool] = []
     real_attempt = OwnedRunner._attempt

@@ -123,8 +123,9 @@ that no other transaction holds and that had, when the statement began, the fenc
 they were read with (``p_versions``: :func:`version` of each); each is returned as it is once
 locked."""
 LOCK_CANDIDATE_ROWS: Final = _lock_candidates(*_o.c)
-"""``LOCK_CANDIDATES`` returning every column of each row as locked (a restartable claim of one
-plain candidate is decided on it without reading the row again: :class:`LockedAsProbed`)."""
+"""``LOCK_CANDIDATES`` returning every column of each row as locked (a claim of one plain
+candidate, in a call the store may run again, is decided on it without reading the row again:
+``claim_plan.LockedAsProbed``)."""
 LOCK_EXPIRED: Final = Prepared(
     select(_o.c.occurrence_id)
     .where(
@@ -231,7 +232,7 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
             unchanged = [row.occurrence_id for row in kept]
         # A row changed while the statement ran, or is no longer to be claimed: release
         # everything this attempt locked and try again without the rows that changed (a
-        # restartable transaction has no savepoint: the whole call runs again, with one).
+        # call the store may run again has no savepoint: the whole call runs again, with one).
         if not savepoint:
             raise RestartTransaction
         tx.driver_sql(ROLLBACK_TO_SAVEPOINT)

@@ -341,7 +341,7 @@ class PendingCycle:
 
     @property
     def missed(self) -> type[RestartTransaction]:
-        """The call runs again restartable, the usual way (``session``)."""
+        """The call runs again, still one the store may run again, the usual way (``session``)."""
         return WholeCycleMissed
 
     settles: Final = True

@@ -18,11 +18,6 @@ from scheduler.store.plumbing.constructs import glob_match, greatest, json_text_
 from scheduler.store.plumbing.fastpath import FastPath
 
 NAME: Final = "sqlite"
-CONCURRENT_WRITERS: Final = False
-"""``BEGIN IMMEDIATE`` runs one writer at a time: what a write transaction read stays true until
-it ends, so a claim needs no row lock (and runs no statement for one)."""
-COMBINES_WRITES: Final = False
-"""No data-modifying ``WITH``: every write runs when it is asked for."""
 
 
 # ----------------------------------------------------------------- renderings

@@ -288,7 +288,7 @@ class Tx:
 
         Kept writes and up to ``MULTI_ROW_EVENTS`` event rows go as one statement where the
         backend combines writes; more event rows follow in one ``executemany``. With ``commit``
-        (the call's end, a restartable transaction) that statement checks the counts itself and
+        (the call's end, in a call the store may run again) that statement checks the counts itself and
         the ``COMMIT`` may go with it (``FastPath.run``); a count that is not the one expected
         then runs the call again (``RestartTransaction``), which reports the conflict.
         """
