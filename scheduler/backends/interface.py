@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
+from sqlalchemy.engine import URL
+from sqlalchemy.sql import ColumnElement
 
 if TYPE_CHECKING:
     from scheduler.schema.target import SchemaTarget
@@ -81,6 +83,42 @@ class Backend(Protocol):
         """The database's name in messages (``"SQLite"``, ``"PostgreSQL"``)."""
         ...
 
+    @property
+    def place_description(self) -> str:
+        """What holds a store, in messages (``"SQLite database"``, ``"scheduler schema"``)."""
+        ...
+
+    # ------------------------------------------------------------- where a store lives
+
+    @property
+    def own_schema(self) -> bool:
+        """Whether the store's tables live in a schema of their own (PostgreSQL: ``schema=``), rather
+        than in a database file the store has to itself or shares (SQLite: ``exclusive=``)."""
+        ...
+
+    def in_memory(self, url: URL) -> bool:
+        """Whether ``url`` names a database that lives in the process's memory."""
+        ...
+
+    def database_file(self, url: URL) -> str | None:
+        """The database file ``url`` names (as written in it), ``None`` for a server or memory."""
+        ...
+
+    @property
+    def bookkeeping_tables(self) -> tuple[Table, ...]:
+        """Tables the database keeps for itself beside the scheduler's, whose rows belong to a
+        faithful dump of the store (SQLite's ``sqlite_sequence``)."""
+        ...
+
+    def text_values(self, name: str) -> ColumnElement[Any]:
+        """The values of the bound list parameter ``name`` as a column of one row per value (a
+        table-valued function), for :meth:`text_values_parameter`'s value of a list of texts."""
+        ...
+
+    def text_values_parameter(self, values: list[str]) -> Any:
+        """How a list of texts is bound for :meth:`text_values`."""
+        ...
+
     # ------------------------------------------------------------- transactions and statements
 
     def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
@@ -129,6 +167,12 @@ class Backend(Protocol):
 
     def key_locks(self, target: SchemaTarget) -> KeyLocks | None:
         """How ``Tx.lock_keys`` holds keys in ``target`` (``None``: writers are serialized anyway)."""
+        ...
+
+    @property
+    def serializes_writers(self) -> bool:
+        """Whether one write transaction runs at a time on the whole database (a caller's open
+        transaction may hold the only write lock)."""
         ...
 
     @property

@@ -15,7 +15,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
-from scheduler.backends import backend_named
+from scheduler.backends import backend_for, backend_named, is_supported
 from scheduler.backends.postgresql import opening as opening_postgresql
 from scheduler.backends.sqlite import files
 from scheduler.backends.sqlite.backend import (
@@ -104,10 +104,11 @@ class Resolved:
 
 
 def engine_file(engine: Engine) -> Path | None:
-    """The absolute path of a SQLite engine's database file (``None``: memory or PostgreSQL)."""
-    database = engine.url.database
-    is_file = engine.dialect.name == "sqlite" and database not in (None, "", MEMORY)
-    return _absolute(Path(database)) if is_file and database else None
+    """The absolute path of the engine's database file (``None``: memory, a server, or a database
+    the store does not support, refused later)."""
+    name = engine.dialect.name
+    database = backend_named(name).database_file(engine.url) if is_supported(name) else None
+    return _absolute(Path(database)) if database else None
 
 
 ASYNC_HINT: Final = "use scheduler.aio.open_async_store for an async driver or AsyncEngine"
@@ -396,8 +397,8 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
     """``open_store`` on a resolved target (``scheduler.aio`` calls it inside a greenlet)."""
     given_engine = place.engine
     application_engine = given_engine if not place.owned else None
-    backend = given_engine.dialect.name if given_engine else make_url(str(place.url)).get_backend_name()
-    if backend == "postgresql":
+    name = given_engine.dialect.name if given_engine else make_url(str(place.url)).get_backend_name()
+    if is_supported(name) and backend_named(name).own_schema:
         if not options.exclusive:
             raise invalid_argument(
                 "exclusive=False applies to SQLite only: a PostgreSQL schema is the scheduler's"
@@ -445,7 +446,7 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
         if application_engine is None:
             _dispose(store_engine)
 
-    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place, backend=backend_named("sqlite"))
+    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place, backend=backend_for(conn))
     if path is not None:
         runner.wal = WalCheckpoints(path)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)
@@ -481,7 +482,7 @@ def _open_postgresql(
         if owns_engine:
             _dispose(engine)
 
-    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place, backend=backend_named("postgresql"))
+    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place, backend=backend_for(conn))
     runner.session_setup = opening_postgresql.session_setup(timeout_ms)
     runner._prepared_driver = conn.connection.dbapi_connection  # prepared by connect()
     return SchedulerStore(runner, clock=clock, uuid_factory=uuid_factory, on_close=close)

@@ -14,7 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table, Text, bindparam, func
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import URL
+from sqlalchemy.sql import ColumnElement
 
 from scheduler.backends.interface import Backend, CycleRead, SettleTactic
 from scheduler.backends.postgresql import backend as postgresql
@@ -40,11 +43,29 @@ class PostgreSQLBackend:
 
     name: Final = postgresql.NAME
     display_name: Final = "PostgreSQL"
+    place_description: Final = "scheduler schema"
+    own_schema: Final = True
+    serializes_writers: Final = False
+    bookkeeping_tables: Final[tuple[Table, ...]] = ()
     has_server_clock: Final = True
     reruns_owned_writes: Final = True
     lazy_read_begin: Final = None
     combines_writes: Final = True
     statement_options: Final = _KEEP_ROWCOUNT
+
+    def in_memory(self, url: URL) -> bool:
+        return False
+
+    def database_file(self, url: URL) -> str | None:
+        return None
+
+    def text_values(self, name: str) -> ColumnElement[Any]:
+        """``unnest(:name) AS wanted(value)`` over a text array."""
+        values = func.unnest(bindparam(name, type_=ARRAY(Text)))
+        return values.table_valued("value").render_derived(name="wanted").c.value
+
+    def text_values_parameter(self, values: list[str]) -> Any:
+        return values
 
     def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
         postgresql.begin(conn, write=write, fast=fast)

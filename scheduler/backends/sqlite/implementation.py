@@ -7,11 +7,14 @@ is asked for. No server clock (the local wall clock), no ``NOTIFY`` (workers pol
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import Connection
+from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, bindparam, func
+from sqlalchemy.engine import URL
+from sqlalchemy.sql import ColumnElement
 
 from scheduler.backends.interface import Backend, CycleRead, SettleTactic
 from scheduler.backends.sqlite import backend as sqlite
@@ -28,6 +31,10 @@ if TYPE_CHECKING:
     from scheduler.store.plumbing.tx import CallMode, Tx
 
 _NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
+MEMORY: Final = ":memory:"
+SQLITE_SEQUENCE: Final = Table("sqlite_sequence", MetaData(), Column("name", Text), Column("seq", Integer))
+"""SQLite's own AUTOINCREMENT table (the ``events`` counter). A ``Table`` (not a ``table()``
+clause) so that schema translation addresses it too (an attached database)."""
 
 
 class SQLiteBackend:
@@ -35,11 +42,28 @@ class SQLiteBackend:
 
     name: Final = sqlite.NAME
     display_name: Final = "SQLite"
+    place_description: Final = "SQLite database"
+    own_schema: Final = False
+    serializes_writers: Final = True
+    bookkeeping_tables: Final = (SQLITE_SEQUENCE,)
     has_server_clock: Final = False
     reruns_owned_writes: Final = False
     lazy_read_begin: Final = sqlite.BEGIN_READ
     combines_writes: Final = False
     statement_options: Final = _NO_OPTIONS
+
+    def in_memory(self, url: URL) -> bool:
+        return url.database in (None, "", MEMORY)
+
+    def database_file(self, url: URL) -> str | None:
+        return None if self.in_memory(url) else url.database
+
+    def text_values(self, name: str) -> ColumnElement[Any]:
+        """``json_each(:name) AS wanted``: its column ``value`` is ``json_each``'s own."""
+        return func.json_each(bindparam(name, type_=Text)).table_valued("value").alias("wanted").c.value
+
+    def text_values_parameter(self, values: list[str]) -> Any:
+        return json.dumps(values)
 
     def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
         sqlite.begin(conn, write=write, fast=fast)
