@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scheduler.store.capabilities.claim_plan import ClaimContention
     from scheduler.store.capabilities.claim_query import ClaimFilter
     from scheduler.store.capabilities.claim_writes import Claims
-    from scheduler.store.capabilities.settlement import SettleRequest
+    from scheduler.store.capabilities.settle_request import SettleRequest
     from scheduler.store.plumbing.fastpath import FastPath
     from scheduler.store.plumbing.statement_plans import StoredRow
     from scheduler.store.plumbing.tx import CallMode, Tx

@@ -94,7 +94,8 @@ from scheduler.store.capabilities.claim_query import (
     replace_binds,
 )
 from scheduler.store.capabilities.occurrence_rows import occurrence_record
-from scheduler.store.capabilities.settlement import SettleRequest, guarded_settle_update
+from scheduler.store.capabilities.settle_request import SettleRequest
+from scheduler.store.capabilities.settlement import guarded_settle_update
 from scheduler.store.plumbing.restart import RestartTransaction, WholeCycleMissed
 from scheduler.store.plumbing.statement_plans import STATEMENTS_LOCK, Prepared
 from scheduler.store.plumbing.telemetry import records_event

@@ -32,14 +32,12 @@ from scheduler.store.capabilities.claim_writes import (
 )
 from scheduler.store.capabilities.jobs import not_found
 from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record, validate_batch
-from scheduler.store.capabilities.settlement import (
+from scheduler.store.capabilities.settle_request import (
     SettleRequest,
-    lease_lost,
     normalize_settle,
     normalize_settle_mapping,
-    settle_in,
-    settle_many_in,
 )
+from scheduler.store.capabilities.settlement import lease_lost, settle_in, settle_many_in
 from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import RestartTransaction, Tx
 from scheduler.store.records import Occurrence, SettledAndClaimed

@@ -10,10 +10,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection
 
+from scheduler.backends.interface import Backend
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.plumbing.failures import classify_storage_failure, missing_tables, storage_unavailable
@@ -22,9 +23,6 @@ from scheduler.store.plumbing.runner_base import RunnerBase, T
 from scheduler.store.plumbing.telemetry import StateChanges, collect, emit_all
 from scheduler.store.plumbing.tx import Clock, Tx
 from scheduler.store.plumbing.wake_events import settles_runs, wakes_workers
-
-if TYPE_CHECKING:
-    from scheduler.backends.interface import Backend
 
 
 def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:

@@ -12,17 +12,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
+from scheduler.backends.interface import Backend
 from scheduler.schema.target import DEFAULT_SCHEMAS, SchemaTarget
 from scheduler.store.plumbing import lifecycle
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.tx import NESTED, CallMode, Clock, Tx, read_clock
-
-if TYPE_CHECKING:
-    from scheduler.backends.interface import Backend
 
 T = TypeVar("T")
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, overload
+from typing import Any, Final, Protocol, TypeVar, overload
 
 from sqlalchemy import Connection, Row, insert
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
+from scheduler.backends.interface import Backend
 from scheduler.contract.canonical import canonical_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
@@ -31,9 +32,6 @@ from scheduler.store.plumbing.write_batch import (
     event_rows_insert,
     event_rows_parameters,
 )
-
-if TYPE_CHECKING:
-    from scheduler.backends.interface import Backend
 
 T = TypeVar("T")
 Clock = Callable[[], int]
