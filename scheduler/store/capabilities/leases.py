@@ -135,7 +135,7 @@ def settle_and_claim_in(
     read: dict[str, dict[str, Any]] | None = None
     # A retry due at once would be one of the heads: such a settlement reads them after it.
     retry_now = not request.succeeded and request.retryable and request.retry_at is None
-    cycle = None if retry_now else tx.backend.read_cycle(tx, request, claim_filter, contention)
+    cycle = None if retry_now else backend.read_cycle(tx, request, claim_filter, contention)
     if cycle is not None:  # settle's read and the heads at once
         read = {} if cycle.current is None else {request.occurrence_id: cycle.current}
         probed = cycle.heads
