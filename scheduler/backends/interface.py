@@ -16,6 +16,20 @@ Two kinds of knowledge meet at a call, and the interface keeps them apart:
   false once such a statement missed). The backend reads them where it chooses a tactic
   (:meth:`Backend.claim`, :meth:`Backend.settle_tactic`, :meth:`Backend.leave_cycle_to_writes`).
 
+Where each decision is taken:
+
+* whether rows read must be locked before they are written (other writers run at once): the
+  tactics themselves — :meth:`Backend.claim`, :meth:`Backend.lock_target`,
+  :meth:`Backend.lock_sweep`, :meth:`Backend.settle_tactic` (locking, or nothing, per backend);
+* whether one-row writes wait for the next statement: :attr:`Backend.combines_writes`, read by
+  ``Tx.write_later`` (the only neutral reader: it is the one that keeps them);
+* whether a call may be run again from the start: the runner, from
+  :attr:`Backend.reruns_owned_writes` and whether it owns the transaction, into
+  ``CallMode.may_run_again``;
+* whether a claim or a whole cycle may be left to the call's writes statement, and whether the
+  cycle may go as one statement: the backend (PostgreSQL's ``claim_tactics.picks_in_writes``,
+  :meth:`Backend.leave_cycle_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
+
 The renderings of the neutral Core constructs (:mod:`scheduler.store.plumbing.constructs`) are not
 part of it: each backend registers them with SQLAlchemy's compiler when its ``backend`` module is
 imported.
