@@ -7,7 +7,7 @@ Enqueues ``--occurrences`` due rows in a schema of its own (dropped at the end),
 ``settle_and_claim``, and prints cycles/s, client and server CPU per cycle (the server must be
 local) and, per cycle, the fast path's statements: all of them, the claim lock statements, the
 ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` statements, the calls run again (``restart``: a
-store-owned claim that met a row changed under its lock, ``Tx.restartable``) and the attempts of
+store-owned claim that met a row changed under its lock, ``CallMode.may_run_again``) and the attempts of
 write calls (``attempts``: 1.00 when no call ran again, whatever the reason, a one-statement
 cycle's miss included). (It wraps the fast path's calls, adding ~2 µs to each.)
 
@@ -39,7 +39,6 @@ LEASE_MS = 60_000
 def counted_fast_path(counts: Counter[str]) -> None:
     """Count every fast-path statement of this process by kind, and the calls run again."""
     from scheduler.backends.postgresql import claim_locks
-    from scheduler.backends.sqlite.backend import BEGIN_WRITE
     from scheduler.store.plumbing import fastpath, session
 
     run, driver_sql = fastpath.FastPath.run, fastpath.FastPath.run_driver_sql
@@ -68,12 +67,12 @@ def counted_fast_path(counts: Counter[str]) -> None:
             counts["statements"] += 2
         return done
 
-    def counting_attempt(self: Any, operation: Any, begin: str, sample: bool, **kwargs: Any) -> Any:
-        if begin == BEGIN_WRITE:
+    def counting_attempt(self: Any, operation: Any, write: bool, sample: bool, **kwargs: Any) -> Any:
+        if write:
             counts["attempts"] += 1  # every attempt of a write call: 1.00 per cycle when none ran again
-            if not kwargs["restartable"]:
-                counts["restart"] += 1  # a second attempt (a PostgreSQL write's first is restartable)
-        return attempt(self, operation, begin, sample, **kwargs)
+            if not kwargs["call"].may_run_again:
+                counts["restart"] += 1  # a second attempt (a PostgreSQL write's first may run again)
+        return attempt(self, operation, write, sample, **kwargs)
 
     def counting_driver_sql(self: Any, conn: Any, sql: str) -> None:
         counts["statements"] += 1

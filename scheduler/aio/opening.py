@@ -13,6 +13,7 @@ from sqlalchemy.pool import NullPool
 
 from scheduler.aio.calls import run_in_greenlet
 from scheduler.aio.store import AsyncSchedulerStore
+from scheduler.backends import backend_named
 from scheduler.backends.postgresql import backend as postgresql
 from scheduler.backends.postgresql.opening import BACKEND_NAMES
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
@@ -70,8 +71,9 @@ def _target_url(target: Any) -> URL:
         return make_url("sqlite+aiosqlite://")
     if isinstance(target, str) and "://" in target:
         url = _driver_url(parse_url(target))
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", MEMORY):
-            file_path(str(url.database))  # refuses a NUL character, as open_store does
+        database = backend_named(url.get_backend_name()).database_file(url)
+        if database is not None:
+            file_path(database)  # refuses a NUL character, as open_store does
         return url
     if isinstance(target, (str, os.PathLike)):
         raw = os.fspath(target)

@@ -22,15 +22,14 @@ Both directions are index range scans of the table's primary key
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Column, Connection, Select, Text, bindparam, func, select
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import Column, Connection, Select, select
 
+from scheduler.backends import backend_for, backend_named
 from scheduler.cli import pg_target
 from scheduler.cli.common import (
     EXIT_USAGE,
@@ -135,16 +134,13 @@ def _common_length(left: str, right: str | None) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def neighbour_query(space: IdSpace, dialect: str) -> Select[Any]:
+def neighbour_query(space: IdSpace, backend: str) -> Select[Any]:
     """``(id, nearest id below, nearest id above)`` for each id of the bound list ``:ids``, in ONE
-    statement: a correlated index seek each way per id, over ``unnest(:ids)`` on PostgreSQL (a
-    text array) and ``json_each(:ids)`` on SQLite (a JSON array). Built once per process."""
+    statement: a correlated index seek each way per id, over the backend's table of the bound
+    values (``Backend.text_values``: ``unnest`` of a text array on PostgreSQL, ``json_each`` of a
+    JSON array on SQLite). Built once per process."""
     column = space.column
-    if dialect == "postgresql":  # unnest(:ids) AS wanted(value)
-        ids = func.unnest(bindparam("ids", type_=postgresql.ARRAY(Text)))
-        wanted = ids.table_valued("value").render_derived(name="wanted").c.value
-    else:  # json_each(:ids) AS wanted, whose column "value" is json_each's own
-        wanted = func.json_each(bindparam("ids", type_=Text)).table_valued("value").alias("wanted").c.value
+    wanted = backend_named(backend).text_values("ids")
     below = select(column).where(column < wanted).order_by(column.desc()).limit(1).scalar_subquery()
     above = select(column).where(column > wanted).order_by(column).limit(1).scalar_subquery()
     return select(wanted, below, above)
@@ -154,9 +150,9 @@ def _neighbours(
     connection: Connection, space: IdSpace, ids: list[str]
 ) -> dict[str, tuple[str | None, str | None]]:
     """For each id, the nearest id below and above it in the table."""
-    dialect = connection.dialect.name
-    bound: Any = ids if dialect == "postgresql" else json.dumps(ids)
-    rows = connection.execute(neighbour_query(space, dialect), {"ids": bound})
+    backend = backend_for(connection)
+    bound = backend.text_values_parameter(ids)
+    rows = connection.execute(neighbour_query(space, backend.name), {"ids": bound})
     return {str(row[0]): (row[1], row[2]) for row in rows}
 
 

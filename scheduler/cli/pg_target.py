@@ -18,6 +18,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from scheduler.backends import backend_named, is_supported
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import pg_catalog
 from scheduler.schema.ddl import SCHEDULER_STORE_SCHEMA_VERSION
@@ -38,11 +39,13 @@ class PgTargetError(Exception):
 
 
 def is_postgresql(target: str) -> bool:
-    """Whether a ``--db`` value is a PostgreSQL URL (any driver: others are refused later)."""
+    """Whether a ``--db`` value is the URL of a database whose stores live in schemas of their own
+    (PostgreSQL, any driver: others are refused later)."""
     if "://" not in target:
         return False
     try:
-        return parse_url(target).get_backend_name() == "postgresql"
+        name = parse_url(target).get_backend_name()
+        return is_supported(name) and backend_named(name).own_schema
     except SchedulerKernelError:  # malformed: resolve_target reports it as a usage error
         return False
 

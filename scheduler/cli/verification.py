@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
+from scheduler.backends import backend_named
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import catalog, pg_catalog
 from scheduler.schema.ddl import PG_SCHEMA_FINGERPRINTS, SCHEDULER_STORE_SCHEMA_VERSION, SCHEMA_FINGERPRINTS
@@ -69,9 +70,7 @@ class Verification:
     def describe(self) -> str:
         """What the file is, in a few words (the first line of the report)."""
         if self.user_version is None:
-            if self.backend == "postgresql":
-                return "not a readable scheduler schema"
-            return "not a readable SQLite database"
+            return f"not a readable {backend_named(self.backend).place_description}"
         if self.schema_version is not None:
             return f"schema v{self.schema_version}"
         if self.empty:

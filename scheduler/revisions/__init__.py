@@ -39,6 +39,7 @@ from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.util import CommandError
 from sqlalchemy import Connection
 
+from scheduler.backends import backend_named, is_supported
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import offline, pg_ddl
 from scheduler.schema.catalog import verify_catalog
@@ -75,9 +76,11 @@ class RevisionSettings:
     now: int
 
     def resolve_exclusive(self, dialect: str) -> bool:
+        """As given, else: a backend whose store lives in a schema of its own is always exclusive;
+        SQLite's is unless the store lives in an attached database (``schema`` other than ``main``)."""
         if self.exclusive is not None:
             return self.exclusive
-        if dialect == "sqlite":
+        if is_supported(dialect) and not backend_named(dialect).own_schema:
             return self.schema is not None and self.schema.lower() != "main"
         return True
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from scheduler.store.plumbing.lifecycle import reset_after_fork
+
+
+def default_uuid() -> str:
+    """A random UUID (version 4) as text (``uuid_factory=None``)."""
+    return str(uuid.uuid4())
 
 
 def wall_clock() -> int:

@@ -8,7 +8,7 @@ from types import TracebackType
 
 from sqlalchemy import Connection, select
 
-from scheduler import backends as dialects
+from scheduler.backends import Backend, backend_for
 from scheduler.contract.errors import invalid_argument
 from scheduler.schema import tables as t
 from scheduler.schema.target import SchemaTarget, schema_target
@@ -27,7 +27,7 @@ from scheduler.store.capabilities.release import ReleaseOperations
 from scheduler.store.capabilities.runtime_control import RuntimeControlOperations
 from scheduler.store.capabilities.stats import StatsOperations
 from scheduler.store.capabilities.worker_reads import WorkerReadOperations
-from scheduler.store.clock import wall_clock
+from scheduler.store.clock import default_uuid, wall_clock
 from scheduler.store.plumbing.nested_runner import NestedRunner
 from scheduler.store.plumbing.runner_base import SERVER_CLOCK, Runner
 from scheduler.store.plumbing.session import OwnedRunner
@@ -35,8 +35,8 @@ from scheduler.store.plumbing.tx import Clock, Tx
 from scheduler.store.records import MigrationRecord, SchemaInfo
 
 
-def _schema_info(tx: Tx, target: SchemaTarget) -> SchemaInfo:
-    application_id, schema_version = dialects.for_connection(tx.conn).schema_header(tx.conn, target)
+def _schema_info(tx: Tx, target: SchemaTarget, backend: Backend) -> SchemaInfo:
+    application_id, schema_version = backend.schema_header(tx.conn, target)
     row = tx.first(select(t.migrations).order_by(t.migrations.c.version.desc()).limit(1))
     if schema_version is None:  # the version is the migrations history
         schema_version = 0 if row is None else int(row.version)
@@ -102,18 +102,15 @@ class SchedulerStore(
         addresses them there, per statement, so the connection's own options stay untouched.
         Raises ``SCHEDULER_INVALID_ARGUMENT`` for a bad connection, clock or schema.
         """
-        from scheduler.store.opening import default_uuid
-
         if not isinstance(connection, Connection):
             raise invalid_argument("connection must be a sqlalchemy.Connection")
         if clock is not None and not callable(clock):
             raise invalid_argument("clock must be a function")
-        on_postgresql = connection.dialect.name == "postgresql"
-        chosen_clock = clock or (SERVER_CLOCK if on_postgresql else wall_clock)
+        backend = backend_for(connection)
+        chosen_clock = clock or (SERVER_CLOCK if backend.has_server_clock else wall_clock)
         chosen_uuid = uuid_factory or default_uuid
-        dialects.for_connection(connection)
         target = schema_target(connection, schema)
-        runner = NestedRunner(connection, chosen_clock, chosen_uuid, target=target)
+        runner = NestedRunner(connection, chosen_clock, chosen_uuid, target=target, backend=backend)
         return cls(runner, clock=chosen_clock, uuid_factory=chosen_uuid)
 
     @contextmanager
@@ -139,8 +136,8 @@ class SchedulerStore(
 
     def schema_info(self) -> SchemaInfo:
         """Application id, schema version and the newest ``migrations`` row."""
-        target = self._runner.target
-        return self._read(lambda tx: _schema_info(tx, target))
+        runner = self._runner
+        return self._read(lambda tx: _schema_info(tx, runner.target, runner.backend))
 
     def __enter__(self) -> SchedulerStore:
         return self

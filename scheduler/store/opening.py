@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
+from scheduler.backends import backend_for, backend_named, is_supported
 from scheduler.backends.postgresql import opening as opening_postgresql
 from scheduler.backends.sqlite import files
 from scheduler.backends.sqlite.backend import (
@@ -36,7 +36,7 @@ from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS, MAX_BUSY_TIMEO
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import normalize_epoch_ms
 from scheduler.schema.target import SchemaTarget, quote_identifier, schema_target
-from scheduler.store.clock import wall_clock
+from scheduler.store.clock import default_uuid, wall_clock
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.plumbing.runner_base import SERVER_CLOCK
 from scheduler.store.plumbing.session import OwnedRunner
@@ -49,10 +49,6 @@ _PRIOR_ISOLATION = "scheduler_prior_isolation_level"
 _PRIOR_BUSY_TIMEOUT = "scheduler_prior_busy_timeout"
 _CHECKPOINT_SCHEMA = "scheduler_checkpoint_schema"
 DEFAULT_FILE_NAME = "kernel-v1.sqlite"
-
-
-def default_uuid() -> str:
-    return str(uuid.uuid4())
 
 
 def default_database_path() -> Path:
@@ -108,10 +104,11 @@ class Resolved:
 
 
 def engine_file(engine: Engine) -> Path | None:
-    """The absolute path of a SQLite engine's database file (``None``: memory or PostgreSQL)."""
-    database = engine.url.database
-    is_file = engine.dialect.name == "sqlite" and database not in (None, "", MEMORY)
-    return _absolute(Path(database)) if is_file and database else None
+    """The absolute path of the engine's database file (``None``: memory, a server, or a database
+    the store does not support, refused later)."""
+    name = engine.dialect.name
+    database = backend_named(name).database_file(engine.url) if is_supported(name) else None
+    return _absolute(Path(database)) if database else None
 
 
 ASYNC_HINT: Final = "use scheduler.aio.open_async_store for an async driver or AsyncEngine"
@@ -400,8 +397,8 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
     """``open_store`` on a resolved target (``scheduler.aio`` calls it inside a greenlet)."""
     given_engine = place.engine
     application_engine = given_engine if not place.owned else None
-    backend = given_engine.dialect.name if given_engine else make_url(str(place.url)).get_backend_name()
-    if backend == "postgresql":
+    name = given_engine.dialect.name if given_engine else make_url(str(place.url)).get_backend_name()
+    if is_supported(name) and backend_named(name).own_schema:
         if not options.exclusive:
             raise invalid_argument(
                 "exclusive=False applies to SQLite only: a PostgreSQL schema is the scheduler's"
@@ -449,7 +446,7 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
         if application_engine is None:
             _dispose(store_engine)
 
-    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place)
+    runner = OwnedRunner(conn, valid_clock, valid_uuid, target=schema_place, backend=backend_for(conn))
     if path is not None:
         runner.wal = WalCheckpoints(path)
     return SchedulerStore(runner, clock=valid_clock, uuid_factory=valid_uuid, on_close=close)
@@ -485,7 +482,7 @@ def _open_postgresql(
         if owns_engine:
             _dispose(engine)
 
-    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place)
+    runner = OwnedRunner(conn, clock, uuid_factory, target=schema_place, backend=backend_for(conn))
     runner.session_setup = opening_postgresql.session_setup(timeout_ms)
     runner._prepared_driver = conn.connection.dbapi_connection  # prepared by connect()
     return SchedulerStore(runner, clock=clock, uuid_factory=uuid_factory, on_close=close)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 
+from scheduler.backends import backend_named
 from scheduler.contract.constants import DEFAULT_BUSY_TIMEOUT_MS
 from scheduler.contract.errors import invalid_argument
 from scheduler.store.capabilities.queues import notify_settlements
@@ -71,7 +72,7 @@ def _sync_url(url: URL) -> str:
     backend = url.get_backend_name()
     if backend not in _SYNC_DRIVERS:
         raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
-    if backend == "sqlite" and url.database in (None, "", MEMORY):
+    if backend_named(backend).in_memory(url):
         raise invalid_argument(
             "an in-memory async SQLite database has no synchronous side: "
             "use a file for sync calls and workers"
@@ -96,7 +97,7 @@ def _options_of(store: SchedulerStore) -> dict[str, Any]:
     on SQLite, whether it is exclusive), its clock and its id factory."""
     place = store._runner.target
     options: dict[str, Any] = {"uuid_factory": store._uuid_factory}
-    if place.is_postgresql:
+    if store._runner.backend.own_schema:
         options["schema"] = place.schema
     else:
         options["exclusive"] = place.exclusive
@@ -180,8 +181,8 @@ class StoreSource:
         target = self.target
         store = target._store if is_async_store(target) else target
         if isinstance(store, SchedulerStore):
-            place = store._runner.target
-            return place.schema if place.is_postgresql else None
+            runner = store._runner
+            return runner.target.schema if runner.backend.own_schema else None
         return self.options.schema
 
     @property

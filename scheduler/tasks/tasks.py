@@ -283,7 +283,7 @@ class Tasks:
         self._mark_registered(found)
         missing = [definition for definition in pending if definition not in found]
         connection = caller.connection
-        if missing and connection.dialect.name == "sqlite" and connection.in_transaction():
+        if missing and caller._runner.backend.serializes_writers and connection.in_transaction():
             raise SchedulerKernelError(
                 "SCHEDULER_TRANSACTION_ACTIVE",
                 "task "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Column, Integer, MetaData, Table, Text, select
+from sqlalchemy import select
 
 from scheduler.schema import tables as t
 
@@ -12,9 +12,6 @@ if TYPE_CHECKING:
     from scheduler.store.facade import SchedulerStore
     from scheduler.store.plumbing.tx import Tx
 
-SQLITE_SEQUENCE = Table("sqlite_sequence", MetaData(), Column("name", Text), Column("seq", Integer))
-"""SQLite's own AUTOINCREMENT table (the ``events`` counter); it exists only on SQLite. A ``Table``
-(not a ``table()`` clause) so that schema translation addresses it too (an attached database)."""
 
 
 def dump_tables(store: SchedulerStore) -> dict[str, list[dict[str, Any]]]:
@@ -38,9 +35,8 @@ def _dump_in(tx: Tx) -> dict[str, list[dict[str, Any]]]:
         schema_table.name: _rows(tx, select(schema_table).order_by(*schema_table.primary_key))
         for schema_table in t.ALL_TABLES
     }
-    if tx.conn.dialect.name == "sqlite":
-        sequence = SQLITE_SEQUENCE
-        dumped[sequence.name] = _rows(tx, select(sequence).order_by(sequence.c.name))
+    for own in tx.backend.bookkeeping_tables:  # SQLite's sqlite_sequence
+        dumped[own.name] = _rows(tx, select(own).order_by(*own.columns))
     return dict(sorted(dumped.items()))
 
 

@@ -39,10 +39,6 @@ from scheduler.store.plumbing.library_internals import InternalsUnavailable
 from scheduler.store.plumbing.statement_plans import Prepared
 
 NAME: Final = "postgresql"
-CONCURRENT_WRITERS: Final = True
-COMBINES_WRITES: Final = True
-"""READ COMMITTED writers run at once: a claim locks each candidate it read ``FOR UPDATE SKIP
-LOCKED`` and re-reads it before claiming it (``scheduler.backends.postgresql.claim_locks``)."""
 
 
 CACHED_STATEMENT_LENGTH: Final = 32_768

@@ -1,4 +1,4 @@
-"""Row locks for claims among concurrent writers (PostgreSQL; ``Tx.concurrent``).
+"""Row locks for claims among concurrent writers (PostgreSQL: ``Backend.reruns_owned_writes``).
 
 SQLite runs one writer at a time, so what a claim reads stays true until it commits. On
 PostgreSQL (READ COMMITTED) other workers claim, settle, renew and sweep at the same time: the
@@ -26,7 +26,7 @@ repeated without the rows that changed. A worker therefore never keeps a lock on
 not claim or sweep: the owner of a row locked that way (its settle or renew) waits only until the
 attempt is rolled back, one round trip later. One savepoint per claim, reused
 by the next attempt while nothing else ran (a transaction with many subtransactions slows every
-snapshot on the server). A transaction the store owns (``Tx.restartable``) takes no savepoint for
+snapshot on the server). A call the store may run again (``CallMode.may_run_again``) takes no savepoint for
 a claim: where it would roll back to one, it raises ``RestartTransaction`` and the runner rolls
 the whole call back and runs it again, with savepoints (a statement saved on every cycle against
 a call run twice in the rare cycle whose candidate changed under its lock).
@@ -53,7 +53,10 @@ from sqlalchemy import Integer, String, bindparam, case, cast, literal_column, s
 
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.capabilities.claim_plan import claimable, plain, sort_key, sweepable
+from scheduler.store.capabilities.claim_plan import (
+    ClaimContention as ClaimContention,  # re-exported: the state the claim tactics read
+)
+from scheduler.store.capabilities.claim_plan import LockedAsProbed, claimable, plain, sort_key, sweepable
 from scheduler.store.capabilities.claim_query import LOCKED_PREFIX, LOCKED_ROWS
 from scheduler.store.plumbing.constructs import row_check
 from scheduler.store.plumbing.statement_plans import Prepared, StoredRow
@@ -120,8 +123,9 @@ that no other transaction holds and that had, when the statement began, the fenc
 they were read with (``p_versions``: :func:`version` of each); each is returned as it is once
 locked."""
 LOCK_CANDIDATE_ROWS: Final = _lock_candidates(*_o.c)
-"""``LOCK_CANDIDATES`` returning every column of each row as locked (a restartable claim of one
-plain candidate is decided on it without reading the row again: :class:`LockedAsProbed`)."""
+"""``LOCK_CANDIDATES`` returning every column of each row as locked (a claim of one plain
+candidate, in a call the store may run again, is decided on it without reading the row again:
+``claim_plan.LockedAsProbed``)."""
 LOCK_EXPIRED: Final = Prepared(
     select(_o.c.occurrence_id)
     .where(
@@ -180,46 +184,6 @@ def _kept(row: StoredRow, fresh: dict[str, StoredRow], keep: Callable[[StoredRow
     return now_row is not None and keep(row, now_row)
 
 
-class ClaimContention:
-    """What one store's recent single claims met, to choose how a claim reads its candidates.
-
-    While the first candidate of each claim was free, a single claim reads only the heads of the
-    queue (``claim_query.head_probe_prepared``, what the SQLite store reads: ~40% of the full
-    read's server time) and locks the head. Once a head was held by another worker, claims read
-    the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status instead (the window,
-    ``claim_plan.window_plan``; within ``settle_and_claim``, in the cycle's first statement) and
-    lock the first free one (:func:`lock_candidates`: :data:`LOCK_CANDIDATE_ROWS` in a transaction
-    the store owns, :data:`LOCK_CANDIDATES` in a savepoint otherwise; a store-owned
-    ``settle_and_claim`` leaves it to its writes statement, ``window_pick``), reading the full list only
-    when the window cannot decide, until :data:`QUIET_CLAIMS` claims in a row took their first
-    candidate. The choice changes only which statements find the candidate, never which one is
-    claimed.
-    """
-
-    __slots__ = ("quiet",)
-
-    QUIET_CLAIMS: Final = 8
-
-    def __init__(self) -> None:
-        self.quiet = self.QUIET_CLAIMS
-
-    @property
-    def probe_first(self) -> bool:
-        return self.quiet >= self.QUIET_CLAIMS
-
-    def took_first(self, first: bool) -> None:
-        """Record whether a claim locked its first candidate."""
-        self.quiet = self.quiet + 1 if first else 0
-
-    AMONG_WORKERS: Final = -(10**9)
-    """A :attr:`quiet` no run of claims ever brings back to :data:`QUIET_CLAIMS`."""
-
-    def stay_among_workers(self) -> None:
-        """Keep claims on the path among workers, whatever they meet (benchmarks and tests that
-        measure or pin that path with one worker)."""
-        self.quiet = self.AMONG_WORKERS
-
-
 def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tuple[list[StoredRow], int]:
     """The first ``count`` candidates (given in the seed's order) this transaction could lock, as
     they are now, and how many of ``candidates`` were looked at; those after stay candidates.
@@ -233,7 +197,7 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
     def keep(read: StoredRow, fresh: StoredRow) -> bool:
         return _same_place(fresh, read, now)
 
-    savepoint = not tx.restartable
+    savepoint = not tx.call.may_run_again
     if savepoint and not tx.claim_savepoint_kept:
         tx.driver_sql(SAVEPOINT)
     as_locked = not savepoint and count == 1  # one row, decided on its columns as locked
@@ -268,7 +232,7 @@ def lock_candidates(tx: Tx, candidates: Sequence[StoredRow], count: int) -> tupl
             unchanged = [row.occurrence_id for row in kept]
         # A row changed while the statement ran, or is no longer to be claimed: release
         # everything this attempt locked and try again without the rows that changed (a
-        # restartable transaction has no savepoint: the whole call runs again, with one).
+        # call the store may run again has no savepoint: the whole call runs again, with one).
         if not savepoint:
             raise RestartTransaction
         tx.driver_sql(ROLLBACK_TO_SAVEPOINT)
@@ -283,33 +247,10 @@ _LOCKED_NAMES: Final = tuple((column.name, LOCKED_PREFIX + column.name) for colu
 _ROW_NAMES: Final = tuple((column.name, column.name) for column in _o.c)
 
 
-class LockedAsProbed:
-    """A probed head with the occurrence columns of its row as the probe statement locked it
-    (the newest version) and its runtime control, requeue request and job as probed (none, none,
-    eligible: ``claim_query._plain``). A claim of it is written with
-    ``claim_query.PLAIN_CLAIM_GUARD``, which checks those three again after the lock; where they
-    changed, nothing is written and the call runs again (``RestartTransaction``)."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self._values = values
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    @property
-    def _mapping(self) -> dict[str, Any]:
-        return dict(self._values)
-
-
 def locked_head(tx: Tx, rows: Sequence[StoredRow], head: StoredRow | None) -> LockedAsProbed | None:
     """The head ``claim_query.head_probe_and_lock_prepared`` locked (``rows``: its result; ``head``:
     the candidate its plan chose), or ``None`` when it locked nothing (another transaction holds
-    the head). In a restartable transaction only: a locked row that is not the plan's head, or
+    the head). In a call the store may run again only: a locked row that is not the plan's head, or
     that changed while the statement ran, cannot be released there (``RestartTransaction``)."""
     locked = next((row for row in rows if getattr(row, LOCKED_PREFIX + "occurrence_id") is not None), None)
     if locked is None:

@@ -199,7 +199,7 @@ def read_cycle(
     and a claim with ``claim_filter``; with ``window``, the probe reads ``claim_query.HEAD_WINDOW``
     due entries per status and locks none (a claim among workers holding the first ones);
     with the server clock (``Tx.clock_unread``), ``tx``'s clock is read after the lock, else the
-    injected clock's sample is ``now``. A restartable transaction only (a long lock wait
+    injected clock's sample is ``now``. A call the store may run again only (a long lock wait
     restarts the call)."""
     server_clock = tx.clock_unread
     params = head_probe_params(0 if server_clock else tx.now, claim_filter)

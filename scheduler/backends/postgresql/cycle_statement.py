@@ -94,7 +94,8 @@ from scheduler.store.capabilities.claim_query import (
     replace_binds,
 )
 from scheduler.store.capabilities.occurrence_rows import occurrence_record
-from scheduler.store.capabilities.settlement import SettleRequest, guarded_settle_update
+from scheduler.store.capabilities.settle_request import SettleRequest
+from scheduler.store.capabilities.settlement import guarded_settle_update
 from scheduler.store.plumbing.restart import RestartTransaction, WholeCycleMissed
 from scheduler.store.plumbing.statement_plans import STATEMENTS_LOCK, Prepared
 from scheduler.store.plumbing.telemetry import records_event
@@ -341,8 +342,15 @@ class PendingCycle:
 
     @property
     def missed(self) -> type[RestartTransaction]:
-        """The call runs again restartable, the usual way (``session``)."""
+        """The call runs again, still one the store may run again, the usual way (``session``)."""
         return WholeCycleMissed
+
+    settles: Final = True
+    """The statement settles the call's occurrence (its events are known once it ran)."""
+
+    def completed(self, _unsent: object) -> SettledAndClaimed | None:
+        """The call's result is the statement's (:attr:`result`)."""
+        return self.result
 
     @property
     def lead(self) -> tuple[Prepared, dict[str, Any]]:
@@ -417,17 +425,16 @@ def cycle_in_one_statement(
 ) -> PendingCycle | None:
     """Leave the whole call to one statement where it may be (see the module), returning the
     pending cycle (the call's result is its :attr:`~PendingCycle.result` once the writes were
-    sent), else ``None``: a success without an adjudication request, in a transaction whose
-    writes go as one statement (``Tx.picks_in_writes``) and that is not a call run again after
-    the statement missed (``Tx.whole_cycles``), where no settlement or claim event is logged or counted (the
-    call's state changes are collected before its writes are sent). Quiet, the statement claims
+    sent), else ``None``: a success without an adjudication request, where no settlement or claim
+    event is logged or counted (the call's state changes are collected before its writes are
+    sent). The backend asks only in a call whose writes may carry the cycle
+    (``claim_tactics.picks_in_writes``) and that was not run again after the statement missed
+    (``CallMode.as_one_statement``). Quiet, the statement claims
     the head (``claim_query.head_probe_and_lock``); among workers, from the window of heads."""
     if not (
         contention is not None
         and request.succeeded
         and request.adjudication_request_id is None
-        and tx.picks_in_writes
-        and tx.whole_cycles
         and not records_event(SETTLED)
         and not records_event(CLAIMED)
     ):

@@ -25,24 +25,12 @@ SQLite has no ``NOTIFY``: nothing is sent there and workers poll.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Final
 
 from sqlalchemy import Connection, text
 
-WAKE_EVENTS: Final = frozenset(
-    {
-        "occurrence_enqueued",
-        "occurrence_requeued",
-        "occurrence_released",
-        "occurrence_resume_requested",
-        "occurrence_retry_scheduled",
-        "occurrence_adjudication_recorded",
-    }
-)
-"""Event types after which an occurrence is (or becomes) claimable without a lease expiring."""
-SETTLE_EVENTS: Final = frozenset({"occurrence_succeeded", "occurrence_dead_lettered"})
-"""Event types that end an occurrence (a result waiter may stop waiting)."""
+from scheduler.store.plumbing.wake_events import SETTLE_EVENTS, WAKE_EVENTS, settles_runs, wakes_workers
+
 CHANNEL_PREFIX: Final = "scheduler_work."
 SETTLE_CHANNEL_PREFIX: Final = "scheduler_done."
 _MAX_CHANNEL_BYTES: Final = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
@@ -62,16 +50,6 @@ def wake_channel(schema: str, prefix: str = CHANNEL_PREFIX) -> str:
 def settle_channel(schema: str) -> str:
     """The channel settlements of the schema ``schema`` notify: ``scheduler_done.<schema>``."""
     return wake_channel(schema, SETTLE_CHANNEL_PREFIX)
-
-
-def wakes_workers(rows: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a transaction that wrote these ``events`` rows made work claimable."""
-    return any(row["event_type"] in WAKE_EVENTS for row in rows)
-
-
-def settles_runs(rows: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a transaction that wrote these ``events`` rows ended an occurrence."""
-    return any(row["event_type"] in SETTLE_EVENTS for row in rows)
 
 
 def send_wakeup(conn: Connection, channel: str) -> None:

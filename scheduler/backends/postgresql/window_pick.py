@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -82,7 +83,7 @@ from scheduler.store.plumbing.write_batch import (
     part_counts,
     part_name,
 )
-from scheduler.store.records import Occurrence
+from scheduler.store.records import Occurrence, SettledAndClaimed
 
 MAX_CANDIDATES: Final = 16
 """At most this many candidates are picked from in the writes statement (the window of heads holds
@@ -241,6 +242,13 @@ class PendingPick:
     def lead(self) -> None:
         """Nothing runs before the writes statement."""
         return None
+
+    settles: Final = False
+    """The statement claims; the call's settlement (if any) was sent before it."""
+
+    def completed(self, result: SettledAndClaimed) -> SettledAndClaimed:
+        """The ``settle_and_claim`` result with the record the statement claimed."""
+        return replace(result, claimed=self.picked)
 
     def resolve(self, row: Any) -> None:
         """Record the candidate the statement claimed (its result ``row``'s ``picked``; ``None``:

@@ -18,11 +18,6 @@ from scheduler.store.plumbing.constructs import glob_match, greatest, json_text_
 from scheduler.store.plumbing.fastpath import FastPath
 
 NAME: Final = "sqlite"
-CONCURRENT_WRITERS: Final = False
-"""``BEGIN IMMEDIATE`` runs one writer at a time: what a write transaction read stays true until
-it ends, so a claim needs no row lock (and runs no statement for one)."""
-COMBINES_WRITES: Final = False
-"""No data-modifying ``WITH``: every write runs when it is asked for."""
 
 
 # ----------------------------------------------------------------- renderings
@@ -123,11 +118,6 @@ def ensure_transaction(conn: Connection) -> None:
         conn.begin()
     if driver_in_transaction(conn) is False:
         conn.exec_driver_sql(BEGIN_WRITE)
-
-
-def key_locks(target: SchemaTarget) -> None:
-    """No key locks: ``BEGIN IMMEDIATE`` serializes every write transaction of the file."""
-    return None
 
 
 def server_now(conn: Connection, fast: FastPath | None = None) -> int:

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from sqlalchemy import Connection
 
-from scheduler.backends.postgresql.claim_locks import ClaimContention
+from scheduler.store.capabilities.claim_plan import ClaimContention
 from scheduler.store.plumbing.runner_base import SERVER_CLOCK, Runner
 from scheduler.store.plumbing.tx import Clock, Tx
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.store.capabilities.claim_query import (
@@ -39,6 +39,72 @@ from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import Tx
 
 DUE_STREAMS: Final = (ARM_QUEUED, ARM_RETRY_WAIT)
+
+
+class ClaimContention:
+    """What one store's recent single claims met, to choose how a claim reads its candidates.
+
+    The store keeps one and hands it to its backend's claim tactic (``Backend.claim``); only a
+    backend with concurrent writers reads it (PostgreSQL's ``claim_tactics``).
+
+    While the first candidate of each claim was free, a single claim reads only the heads of the
+    queue (``claim_query.head_probe_prepared``, what the SQLite store reads: ~40% of the full
+    read's server time) and locks the head. Once a head was held by another worker, claims read
+    the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status instead (the window,
+    ``claim_plan.window_plan``; within ``settle_and_claim``, in the cycle's first statement) and
+    lock the first free one (``claim_locks.lock_candidates``: ``LOCK_CANDIDATE_ROWS`` in a
+    transaction the store owns, ``LOCK_CANDIDATES`` in a savepoint otherwise; a store-owned
+    ``settle_and_claim`` leaves it to its writes statement, ``window_pick``), reading the full list
+    only when the window cannot decide, until :data:`QUIET_CLAIMS` claims in a row took their
+    first candidate. The choice changes only which statements find the candidate, never which one
+    is claimed.
+    """
+
+    __slots__ = ("quiet",)
+
+    QUIET_CLAIMS: Final = 8
+
+    def __init__(self) -> None:
+        self.quiet = self.QUIET_CLAIMS
+
+    @property
+    def probe_first(self) -> bool:
+        return self.quiet >= self.QUIET_CLAIMS
+
+    def took_first(self, first: bool) -> None:
+        """Record whether a claim locked its first candidate."""
+        self.quiet = self.quiet + 1 if first else 0
+
+    AMONG_WORKERS: Final = -(10**9)
+    """A :attr:`quiet` no run of claims ever brings back to :data:`QUIET_CLAIMS`."""
+
+    def stay_among_workers(self) -> None:
+        """Keep claims on the path among workers, whatever they meet (benchmarks and tests that
+        measure or pin that path with one worker)."""
+        self.quiet = self.AMONG_WORKERS
+
+
+class LockedAsProbed:
+    """A probed head (``claim_locks.locked_head``) with the occurrence columns of its row as the
+    probe statement locked it (the newest version) and its runtime control, requeue request and
+    job as probed (none, none, eligible: ``claim_query._plain``). A claim of it is written with
+    ``claim_query.PLAIN_CLAIM_GUARD``, which checks those three again after the lock; where they
+    changed, nothing is written and the call runs again (``RestartTransaction``)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(self._values)
 
 
 def sort_key(row: StoredRow) -> tuple[int, int, str]:

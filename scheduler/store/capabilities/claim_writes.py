@@ -12,13 +12,12 @@ from typing import Any, Final
 
 from sqlalchemy import and_, bindparam, update
 
-from scheduler.backends.postgresql.claim_locks import LockedAsProbed
 from scheduler.contract.canonical import canonical_json
 from scheduler.contract.constants import DEAD_LETTER, MAX_SAFE_INTEGER, RUNNING
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.schema import tables as t
-from scheduler.store.capabilities.claim_plan import keeps_attempt
-from scheduler.store.capabilities.claim_query import PAUSE_REQUESTED, PLAIN_CLAIM_GUARD, RESUMED
+from scheduler.store.capabilities.claim_plan import LockedAsProbed, keeps_attempt, read_plan
+from scheduler.store.capabilities.claim_query import PAUSE_REQUESTED, PLAIN_CLAIM_GUARD, RESUMED, ClaimFilter
 from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record
 from scheduler.store.capabilities.settlement import APPLY_ADJUDICATION, SETTLE_RESERVATION
 from scheduler.store.plumbing.constructs import greatest, row_check
@@ -288,3 +287,16 @@ def _rebind_control(tx: Tx, row: StoredRow, fence: int) -> None:
             "SCHEDULER_OCCURRENCE_CONTROL_CONFLICT",
             f"Scheduler resume checkpoint lost its claim fence: {row.occurrence_id}",
         )
+
+
+def claim_serially(tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int) -> None:
+    """Up to ``limit`` successive claims, each preceded by the seed's sweep, read once
+    (``claim_plan.read_plan``) and taken in order: ``Backend.claim`` where one writer runs at a
+    time, so what was read stays true until the transaction ends."""
+    plan = read_plan(tx, claim_filter, limit)
+    for _ in range(limit):
+        sweep_expired(tx, plan.next_sweep(), claims.events)
+        candidate = plan.next_candidate()
+        if candidate is None:
+            break
+        claims.claim(candidate, targeted=False)

@@ -10,34 +10,18 @@ claim applied, so nothing is read back (:mod:`scheduler.store.capabilities.claim
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Final, cast
 
-from scheduler.backends.postgresql.claim_locks import (
-    ClaimContention,
-    lock_candidates,
-    lock_target,
-    locked_head,
-    locked_sweep,
-)
-from scheduler.backends.postgresql.cycle_read import read_cycle
-from scheduler.backends.postgresql.cycle_statement import cycle_in_one_statement
-from scheduler.backends.postgresql.window_pick import PendingPick
 from scheduler.contract.constants import MAX_LEASE_MS, RETRY_WAIT
 from scheduler.contract.errors import invalid_argument
 from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.store.capabilities.base import StoreBase
-from scheduler.store.capabilities.claim_plan import ClaimPlan, claimable, head_plan, read_plan, window_plan
+from scheduler.store.capabilities.claim_plan import ClaimContention, ClaimPlan, claimable
 from scheduler.store.capabilities.claim_query import (
     CLAIM_OCCURRENCE_PREPARED,
-    HEAD_WINDOW,
     ClaimFilter,
     claim_occurrence_params,
-    head_probe_and_lock_prepared,
-    head_probe_params,
-    head_probe_prepared,
-    head_window_prepared,
 )
 from scheduler.store.capabilities.claim_writes import (
     RENEW,
@@ -48,14 +32,12 @@ from scheduler.store.capabilities.claim_writes import (
 )
 from scheduler.store.capabilities.jobs import not_found
 from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record, validate_batch
-from scheduler.store.capabilities.settlement import (
+from scheduler.store.capabilities.settle_request import (
     SettleRequest,
-    lease_lost,
     normalize_settle,
     normalize_settle_mapping,
-    settle_in,
-    settle_many_in,
 )
+from scheduler.store.capabilities.settlement import lease_lost, settle_in, settle_many_in
 from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import RestartTransaction, Tx
 from scheduler.store.records import Occurrence, SettledAndClaimed
@@ -103,11 +85,6 @@ def normalize_claim_filter(job_kind: Any, workspace_id: Any) -> ClaimFilter:
     return ClaimFilter(kinds, optional_identifier(workspace_id, "workspaceId", 256))
 
 
-CONTENDED_EXTRA: Final = 8
-"""Candidates a claim reads beyond its limit on a backend with concurrent writers, so a worker
-whose first candidates other workers hold finds the next ones without reading again."""
-
-
 def claim_in(
     tx: Tx,
     owner: str,
@@ -120,180 +97,19 @@ def claim_in(
     *,
     pick_in_writes: bool = False,
 ) -> list[Occurrence]:
-    """Up to ``limit`` successive claims, each preceded by the seed's sweep.
+    """Up to ``limit`` successive claims, each preceded by the seed's sweep, taken as the
+    backend takes them (``Backend.claim``).
 
     With ``events`` given, the events are appended there for the caller to write. ``contention``
     (the store's): how a single claim among concurrent writers reads its candidates; ``probed``:
-    the rows of ``claim_query.build_head_probe_and_lock`` (quiet) or ``build_head_window`` (among
-    workers: ``ClaimContention.probe_first`` false) already read in this transaction.
-    ``pick_in_writes``: a claim from the window of heads may be left to the call's writes
-    statement (``Tx.pick_later``; the caller takes the claimed record from ``Tx.pick``
-    once the writes were sent, and nothing is returned for it here).
+    the heads ``Backend.read_cycle`` already read in this transaction. ``pick_in_writes``: a
+    claim may be left to the call's writes statement (``Tx.pick_later``; the caller takes the
+    claimed record from ``Tx.pick`` once the writes were sent, and nothing is returned for it
+    here).
     """
     claims = Claims(tx, owner, lease_ms, events)
-    if tx.concurrent:
-        decided = (
-            limit == 1
-            and contention is not None
-            and _claim_head(tx, claims, claim_filter, contention, probed, pick_in_writes)
-        )
-        if not decided:
-            _claim_locked(tx, claims, claim_filter, limit, contention)
-        return claims.write()
-    plan = read_plan(tx, claim_filter, limit)
-    for _ in range(limit):
-        sweep_expired(tx, plan.next_sweep(), claims.events)
-        candidate = plan.next_candidate()
-        if candidate is None:
-            break
-        claims.claim(candidate, targeted=False)
+    tx.backend.claim(tx, claims, claim_filter, limit, contention, probed, pick_in_writes=pick_in_writes)
     return claims.write()
-
-
-def _claim_head(
-    tx: Tx,
-    claims: Claims,
-    claim_filter: ClaimFilter,
-    contention: ClaimContention,
-    probed: Sequence[StoredRow] | None = None,
-    pick_in_writes: bool = False,
-) -> bool:
-    """A single claim decided by the heads of the queue alone (see ``ClaimContention``): True
-    when it is decided (a head claimed, or nothing due, or the claim left to the writes
-    statement), False to read the full candidate list (expired leases to act on, a head not
-    claimable, or the heads other workers hold).
-
-    ``probed``: the probe's rows, read in this transaction with the same choice of probe (the
-    head probe and lock while the queue is quiet, else the window of heads).
-    """
-    window = not contention.probe_first
-    rows = probed
-    if rows is None:
-        if window:
-            probe = head_window_prepared
-        else:
-            probe = head_probe_and_lock_prepared if tx.restartable else head_probe_prepared
-        rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
-    if window:
-        return _claim_from_window(tx, claims, rows, contention, pick_in_writes)
-    # A restartable claim read the heads and locked a plain head in one statement
-    # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
-    plan = head_plan(rows, tx.now)
-    head = None if plan is None else plan.next_candidate()
-    fresh = locked_head(tx, rows, head) if tx.restartable else None
-    if head is None:
-        return plan is not None  # nothing is due, or read the full list
-    if fresh is not None:
-        locked = [fresh]
-    elif tx.restartable and rows[0].head_plain:
-        locked = []  # another transaction holds the head
-    else:
-        locked, _seen = lock_candidates(tx, [head], 1)
-    contention.took_first(bool(locked))
-    if locked:
-        claims.claim(locked[0], targeted=False)
-    return bool(locked)
-
-
-def _claim_from_window(
-    tx: Tx,
-    claims: Claims,
-    rows: Sequence[StoredRow],
-    contention: ClaimContention,
-    pick_in_writes: bool = False,
-) -> bool:
-    """``_claim_head`` among workers: the first free candidate of the window of heads
-    (``claim_plan.window_plan``) locked and claimed, or left to the writes statement; False
-    where the window cannot decide."""
-    plan = window_plan(rows, tx.now, HEAD_WINDOW)
-    if plan is None:
-        return False
-    candidates: list[StoredRow] = []
-    while (candidate := plan.next_candidate()) is not None:
-        candidates.append(candidate)
-    if not candidates:
-        return not plan.dry  # nothing is due, or the window cannot tell
-    if pick_in_writes and _pick_later(tx, claims, candidates, plan.dry, contention):
-        return True
-    locked, seen = lock_candidates(tx, candidates, 1)
-    contention.took_first(bool(locked) and seen == 1)
-    if locked:
-        claims.claim(locked[0], targeted=False)
-        return True
-    return not plan.dry  # every due row is held or taken, or read the full list
-
-
-def _pick_later(
-    tx: Tx, claims: Claims, candidates: Sequence[StoredRow], dry: bool, contention: ClaimContention
-) -> bool:
-    """Leave the claim of the first free of ``candidates`` to the writes statement
-    (:mod:`scheduler.backends.postgresql.window_pick`) where it can be (``PendingPick.of``)."""
-    if not tx.picks_in_writes:
-        return False
-    pick = PendingPick.of(
-        guarded_claim_update,
-        candidates,
-        lambda row, record: claims.prepare(row, targeted=False, record=record),
-        tx.now,
-        may_be_empty=not dry,
-        done=lambda position: contention.took_first(position == 0),
-    )
-    if pick is None:
-        return False
-    tx.pick_later(pick)
-    return True
-
-
-def _claim_locked(
-    tx: Tx, claims: Claims, claim_filter: ClaimFilter, limit: int, contention: ClaimContention | None = None
-) -> None:
-    """``claim_in`` among concurrent writers: candidates locked SKIP LOCKED, then read again.
-
-    The seed's order is followed; a candidate another transaction holds (or claimed meanwhile)
-    is passed over. While no sweep is pending, the next candidates for the rest of the batch are
-    locked together (one lock round); otherwise one per step, after that step's sweep, as the
-    seed's successive ``claimNext`` calls. When a due arm that may hold more rows than were read
-    runs dry (its candidates claimed or passed over), the candidates are read again (without the
-    ones already done), so nothing is claimed only when no claimable row remains that another
-    transaction does not hold.
-    """
-    done: set[str] = set()
-    plan = read_plan(tx, claim_filter, limit + CONTENDED_EXTRA, done)
-    claimed = 0
-    while claimed < limit:
-        sweep_expired(tx, locked_sweep(tx, plan.next_sweep()), claims.events)
-        wanted = 1 if plan.sweep_pending else limit - claimed
-        rows, plan, first = _next_locked(tx, plan, claim_filter, wanted, limit - claimed, done)
-        if contention is not None and claimed == 0 and rows:
-            contention.took_first(first)
-        if not rows:
-            break
-        for row in rows:
-            claims.claim(row, targeted=False)
-        claimed += len(rows)
-
-
-def _next_locked(
-    tx: Tx, plan: ClaimPlan, claim_filter: ClaimFilter, wanted: int, remaining: int, done: set[str]
-) -> tuple[list[StoredRow], ClaimPlan, bool]:
-    """Up to ``wanted`` next candidates this transaction locked (fresh rows), the plan they came
-    from (a new one after a read again), and whether they were the first ``wanted`` candidates
-    offered (none passed over)."""
-    first = True
-    while True:
-        candidates: list[StoredRow] = []
-        while len(candidates) < wanted + CONTENDED_EXTRA and (candidate := plan.next_candidate()) is not None:
-            candidates.append(candidate)
-        if candidates:
-            locked, seen = lock_candidates(tx, candidates, wanted)
-            plan.put_back(candidates[seen:])
-            if locked:
-                return locked, plan, first and seen == len(locked)
-            first = False
-        elif plan.dry:
-            plan = read_plan(tx, claim_filter, len(done) + remaining + CONTENDED_EXTRA, done)
-        else:
-            return [], plan, first
 
 
 def settle_and_claim_in(
@@ -304,9 +120,9 @@ def settle_and_claim_in(
     contention: ClaimContention | None = None,
 ) -> SettledAndClaimed:
     """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
-    pending = cycle_in_one_statement(tx, guarded_claim_update, request, lease_ms, claim_filter, contention)
-    if pending is not None:  # the whole call is its writes statement (cycle_statement)
-        tx.finish = lambda _unsent: pending.result
+    backend = tx.backend
+    if backend.leave_cycle_to_writes(tx, guarded_claim_update, request, lease_ms, claim_filter, contention):
+        _finish_with_pick(tx)  # the whole call is its writes statement
         return cast(SettledAndClaimed, None)  # replaced by tx.finish once the statement ran
     events = EventLog(tx)  # both halves' events, in order, written with one INSERT
 
@@ -319,10 +135,8 @@ def settle_and_claim_in(
     read: dict[str, dict[str, Any]] | None = None
     # A retry due at once would be one of the heads: such a settlement reads them after it.
     retry_now = not request.succeeded and request.retryable and request.retry_at is None
-    if tx.restartable and contention is not None and not retry_now:
-        # settle's read and the heads at once (the window of heads among workers: _claim_head)
-        window = not contention.probe_first
-        cycle = read_cycle(tx, request.occurrence_id, request.owner_id, request.fence, claim_filter, window)
+    cycle = None if retry_now else backend.read_cycle(tx, request, claim_filter, contention)
+    if cycle is not None:  # settle's read and the heads at once
         read = {} if cycle.current is None else {request.occurrence_id: cycle.current}
         probed = cycle.heads
     settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease, read=read)
@@ -341,10 +155,16 @@ def settle_and_claim_in(
         pick_in_writes=pick_in_writes,
     )
     events.flush(tx)
-    pick = tx.pick
-    if isinstance(pick, PendingPick):  # claimed by the writes statement: its record once they were sent
-        tx.finish = lambda cycle: replace(cycle, claimed=pick.picked)
+    if tx.pick is not None:  # claimed by the writes statement: its record once they were sent
+        _finish_with_pick(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
+
+
+def _finish_with_pick(tx: Tx) -> None:
+    """The call's result is completed by the work left to its writes statement once it ran."""
+    pick = tx.pick
+    assert pick is not None
+    tx.finish = pick.completed
 
 
 def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -> Occurrence | None:
@@ -354,13 +174,12 @@ def claim_occurrence_in(tx: Tx, occurrence_id: str, owner: str, lease_ms: int) -
     it (a claim of it in flight): this claim then runs as if serially after that one, on rows
     read after the lock, and ``now`` is sampled after it.
     """
-    if tx.concurrent:
-        lock_target(tx, occurrence_id)
+    tx.backend.lock_target(tx, occurrence_id)
     claims = Claims(tx, owner, lease_ms)
     rows = tx.all(CLAIM_OCCURRENCE_PREPARED, claim_occurrence_params(tx.now, occurrence_id))
     plan = ClaimPlan(rows, tx.now)
     sweep = plan.next_sweep()
-    sweep_expired(tx, locked_sweep(tx, sweep) if tx.concurrent else sweep, claims.events)
+    sweep_expired(tx, tx.backend.lock_sweep(tx, sweep), claims.events)
     target = plan.target
     if target is None:
         raise not_found("occurrence", occurrence_id)

@@ -1,10 +1,10 @@
-"""``SchedulerStore.notify_workers`` / ``wake_channel``: see :mod:`scheduler.backends.postgresql.wakeups`."""
+"""``SchedulerStore.notify_workers`` / ``wake_channel``: the backend's wake-ups
+(``Backend.wake_channel``; PostgreSQL: :mod:`scheduler.backends.postgresql.wakeups`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.backends.postgresql.wakeups import send_wakeup, wake_channel
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.capabilities.base import StoreBase
 from scheduler.store.plumbing.failures import classify_storage_failure
@@ -45,8 +45,8 @@ class NotifyOperations(StoreBase):
     @property
     def wake_channel(self) -> str | None:
         """The channel idle workers ``LISTEN`` on (PostgreSQL), ``None`` on SQLite."""
-        target = self._runner.target
-        return wake_channel(target.schema) if target.is_postgresql else None
+        runner = self._runner
+        return runner.backend.wake_channel(runner.target.schema)
 
     def notify_workers(self) -> bool:
         """Wake the idle workers of this store's schema now, in a transaction of its own.
@@ -62,6 +62,7 @@ class NotifyOperations(StoreBase):
         if channel is None:
             runner.assert_usable()
             return False
+        send_wakeup = runner.backend.send_wakeup
         if not isinstance(runner, NestedRunner):
             runner.write(lambda tx: send_wakeup(tx.conn, channel))
             return True

@@ -22,7 +22,6 @@ from typing import Any, Final
 
 from sqlalchemy import bindparam, func, select
 
-from scheduler.backends.postgresql.wakeups import settle_channel
 from scheduler.contract.constants import OCCURRENCE_STATUSES, RUNNING
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import is_safe_int, normalize_epoch_ms
@@ -212,14 +211,15 @@ def enqueue_now_or_at(
 
 def notify_settlements(store: SchedulerStore) -> str | None:
     """Make ``store``'s own transactions that end an occurrence notify the settle channel
-    (:mod:`scheduler.backends.postgresql.wakeups`);
-    return that channel, or ``None`` where nothing is sent (SQLite,
-    or a store bound to a caller's transaction, which never notifies)."""
+    (``Backend.settle_channel``); return that channel, or ``None`` where nothing is sent (a
+    backend without ``NOTIFY``, or a store bound to a caller's transaction, which never
+    notifies)."""
     runner = store._runner
-    if not isinstance(runner, OwnedRunner) or not runner.target.is_postgresql:
+    channel = runner.backend.settle_channel(runner.target.schema)
+    if not isinstance(runner, OwnedRunner) or channel is None:
         return None
     runner.notify_settled = True
-    return settle_channel(runner.target.schema)
+    return channel
 
 
 __all__ = [

@@ -1,50 +1,24 @@
-"""Settlement of a leased attempt (seed v6 ``settle``) and its control/authority/adjudication bookkeeping."""
+"""Settlement of a leased attempt (seed v6 ``settle``) and its control/authority/adjudication
+bookkeeping; the validated request is :mod:`scheduler.store.capabilities.settle_request`'s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import and_, bindparam, exists, select, update
 
-from scheduler.contract.canonical import JSON, canonical_json, normalize_and_encode_json
+from scheduler.contract.canonical import canonical_json
 from scheduler.contract.constants import DEAD_LETTER, RETRY_WAIT, RUNNING, SUCCEEDED
-from scheduler.contract.errors import SchedulerKernelError, invalid_argument
-from scheduler.contract.scalars import (
-    assert_positive_safe_int,
-    normalize_boolean,
-    normalize_epoch_ms,
-)
-from scheduler.contract.storable import normalize_key
+from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import tables as t
-from scheduler.store.capabilities.occurrence_rows import (
-    EventLog,
-    chunks,
-    occurrence_record,
-    reject_unknown_fields,
-    with_index,
-)
+from scheduler.store.capabilities.occurrence_rows import EventLog, chunks, occurrence_record, with_index
+from scheduler.store.capabilities.settle_request import SettleRequest
 from scheduler.store.plumbing.constructs import row_check, server_clock_ms
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.telemetry import log_lease_lost
 from scheduler.store.plumbing.tx import RestartTransaction, Tx
 from scheduler.store.records import Occurrence
-
-DEFAULT_ERROR: Final = {"code": "execution_failed", "message": "Execution failed"}
-SETTLE_FIELDS: Final = frozenset(
-    {
-        "occurrence_id",
-        "owner_id",
-        "fence",
-        "outcome",
-        "result",
-        "error",
-        "retryable",
-        "retry_at",
-        "adjudication_request_id",
-    }
-)
 
 _o = t.occurrences
 _c = t.occurrence_controls
@@ -149,8 +123,8 @@ Their writers lock the occurrence row first, but a read that locks the row in th
 reads the joined rows on the snapshot taken before it waited for that lock: a pause request
 committed meanwhile would be missed (the control left ``pause_requested`` on a settled row). The
 ``UPDATE`` runs after the lock, so it sees them as they are; where one appeared, it writes nothing
-and the (restartable) call runs again. (A row that was read is written by the settlement with a
-compare-and-set of its own.)"""
+and the call runs again (``Backend.settle_tactic``: ``check_on_write``). (A row that was read is
+written by the settlement with a compare-and-set of its own.)"""
 _REBIND_RESUMED: Final = Prepared(
     update(_c)
     .where(
@@ -187,83 +161,6 @@ APPLY_ADJUDICATION: Final = Prepared(
         retry_outcome_json=bindparam("p_outcome"),
     )
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SettleRequest:
-    """A validated settlement; ``result``/``error`` are normalized and pre-encoded."""
-
-    occurrence_id: str
-    owner_id: str
-    fence: int
-    succeeded: bool
-    retryable: bool
-    result: JSON
-    result_json: str | None
-    error: JSON
-    error_json: str | None
-    retry_at: int | None
-    adjudication_request_id: str | None
-
-
-def normalize_settle(
-    *,
-    occurrence_id: Any,
-    owner_id: Any,
-    fence: Any,
-    outcome: Any,
-    result: Any = None,
-    error: Any = None,
-    retryable: Any = True,
-    retry_at: Any = None,
-    adjudication_request_id: Any = None,
-) -> SettleRequest:
-    """Validate in the seed's order; ``result`` is ignored on failure, ``error``/``retry_at`` on success."""
-    identifier = normalize_key(occurrence_id, "occurrenceId")
-    owner = normalize_key(owner_id, "ownerId")
-    token = assert_positive_safe_int(fence, "fence")
-    if not isinstance(outcome, str) or outcome not in ("succeeded", "failed"):
-        raise invalid_argument("outcome must be succeeded or failed")
-    normalize_boolean(retryable, "retryable")
-    succeeded = outcome == "succeeded"
-    normalized_result, result_json = (
-        (None, None)
-        if not succeeded
-        else (None, "null")  # normalize_and_encode_json(None)
-        if result is None
-        else normalize_and_encode_json(result, "result")
-    )
-    normalized_error, error_json = (
-        (None, None)
-        if succeeded
-        else normalize_and_encode_json(DEFAULT_ERROR if error is None else error, "error")
-    )
-    retry = None if succeeded or retry_at is None else normalize_epoch_ms(retry_at, "retryAt")
-    adjudication = (
-        None
-        if adjudication_request_id is None
-        else normalize_key(adjudication_request_id, "adjudicationRequestId", 128)
-    )
-    return SettleRequest(
-        identifier,
-        owner,
-        token,
-        succeeded,
-        retryable,
-        normalized_result,
-        result_json,
-        normalized_error,
-        error_json,
-        retry,
-        adjudication,
-    )
-
-
-def normalize_settle_mapping(settlement: Any) -> SettleRequest:
-    """One ``settle_many`` item: a dict of ``settle`` keyword arguments."""
-    fields = reject_unknown_fields(settlement, SETTLE_FIELDS, "settlement")
-    arguments = {"occurrence_id": None, "owner_id": None, "fence": None, "outcome": None, **fields}
-    return normalize_settle(**arguments)
 
 
 def lease_lost(
@@ -386,9 +283,10 @@ class _Settlements:
     ) -> None:
         self.tx = tx
         ids = list(dict.fromkeys(request.occurrence_id for request in requests))
-        if read is None and tx.concurrent and not (len(ids) == 1 and tx.restartable):
-            # Lock first, read after: see _LOCK_SETTLED (a restartable single settle checks
-            # with _SETTLE_GUARDED instead, saving the statement).
+        self.tactic = tx.backend.settle_tactic(tx.call, len(ids))
+        if read is None and self.tactic == "lock_first":
+            # Lock first, read after: see _LOCK_SETTLED ("check_on_write" checks with
+            # _SETTLE_GUARDED instead, saving the statement).
             for chunk in chunks(sorted(ids)):
                 tx.all(_LOCK_SETTLED, {"p_ids": list(chunk)})
         if read is not None:
@@ -478,7 +376,7 @@ class _Settlements:
             due = update["p_status"] == RETRY_WAIT and update["p_available"] <= update["p_now"]
             statement = _SETTLE
             conflict: Callable[[], Exception] = lambda: lease_lost(identifier)  # noqa: E731
-            if self.tx.restartable and _without_aux_rows(self.current[identifier]):
+            if self.tactic == "check_on_write" and _without_aux_rows(self.current[identifier]):
                 statement, conflict = _SETTLE_GUARDED, RestartTransaction
             # The row ran under this call's live lease (no claim read returns it); unless the
             # retry is due at once, no claim read returns it afterwards either.

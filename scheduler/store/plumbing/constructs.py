@@ -27,10 +27,9 @@ on PostgreSQL and nothing on SQLite, whose ``BEGIN IMMEDIATE`` already serialize
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final
 
-from sqlalchemy import BigInteger, Boolean, Connection, String, Table
+from sqlalchemy import BigInteger, Boolean, String, Table
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ClauseElement, ColumnElement, operators
@@ -42,41 +41,6 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 _TraverseInternalsType = list[tuple[str, InternalTraversal]]
 """What SQLAlchemy reads of a construct's ``_traverse_internals`` (its cache key): (attribute, kind)."""
-
-if TYPE_CHECKING:
-    from scheduler.schema.target import SchemaTarget
-    from scheduler.store.plumbing.fastpath import FastPath
-
-
-class StoreDialect(Protocol):
-    """What the runners need of a backend (``scheduler.backends.sqlite.backend`` / ``postgresql``)."""
-
-    NAME: str
-    CONCURRENT_WRITERS: bool
-    """Whether write transactions run at the same time (PostgreSQL), so a claim must lock each
-    candidate it read before claiming it; ``False`` where writers are serialized (SQLite)."""
-
-    COMBINES_WRITES: bool
-    """Whether several writes can go as one statement (data-modifying ``WITH``: PostgreSQL), so
-    ``Tx.write_later`` keeps one-row writes for the next one (:mod:`scheduler.store.plumbing.write_batch`)."""
-
-    def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
-        """Start a transaction the store owns (its first statements)."""
-
-    def ensure_transaction(self, conn: Connection) -> None:
-        """Make sure a caller's transaction is really open before a SAVEPOINT."""
-
-    def driver_in_transaction(self, conn: Connection) -> bool | None:
-        """Whether the driver connection is inside a transaction (``None``: cannot tell)."""
-
-    def server_now(self, conn: Connection, fast: FastPath | None = None) -> int:
-        """The server's clock in epoch ms (PostgreSQL ``clock_timestamp()``)."""
-
-    def key_locks(self, target: SchemaTarget) -> Callable[[Connection, str, list[str]], None] | None:
-        """How ``Tx.lock_keys`` holds keys in ``target`` (``None``: writers are serialized anyway)."""
-
-    def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
-        """(application id, schema version or ``None`` when the ``migrations`` rows tell it)."""
 
 
 class json_text_field(ColumnElement[str]):
@@ -326,7 +290,6 @@ def insert_ignoring_conflict(table: Table, *index_elements: str) -> InsertIgnori
 
 __all__ = [
     "InsertIgnoringConflict",
-    "StoreDialect",
     "correlated_exists",
     "glob_match",
     "greatest",

@@ -14,7 +14,7 @@ snapshot, which cannot succeed until the enclosing transaction is restarted.
 from __future__ import annotations
 
 import errno
-from typing import Literal
+from typing import Final, Literal
 
 from scheduler.backends.postgresql import backend as postgresql
 from scheduler.contract.errors import SchedulerKernelError
@@ -48,6 +48,8 @@ BUSY_SNAPSHOT = "SQLITE_BUSY_SNAPSHOT"
 _KEPT_EXTENDED_CODES = (BUSY_SNAPSHOT,)
 
 CommitState = Literal["not_committed", "unknown"]
+IN_FAILED_TRANSACTION: Final = postgresql.IN_FAILED_TRANSACTION
+"""The storage code of a transaction aborted by an earlier failed statement (PostgreSQL 25P02)."""
 
 
 def _normalized(value: object, codes: tuple[str, ...]) -> str | None:
@@ -114,7 +116,7 @@ def storage_unavailable(
             " (SQLITE_BUSY_SNAPSHOT: another connection committed after the enclosing transaction"
             " first read; roll that transaction back and restart it to retry)"
         )
-    elif storage_code == postgresql.IN_FAILED_TRANSACTION:
+    elif storage_code == IN_FAILED_TRANSACTION:
         message += (
             " (25P02: the caller's transaction is aborted: a statement in it failed earlier; roll it"
             " back before using the store on this connection)"

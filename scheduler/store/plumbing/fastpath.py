@@ -315,7 +315,7 @@ class FastPath:
         psycopg's own ``rollback()`` forgets (and deallocates) every statement it prepared, so
         that the next five executions of each hot statement are planned again before it is
         prepared anew (the ~10 KB claim statement ~2 ms each): with 4 workers, whose store-owned
-        claims restart in ~3 % of cycles (``Tx.restartable``), that was ~0.7 ms of server CPU per
+        claims restart in ~3 % of cycles (``CallMode.may_run_again``), that was ~0.7 ms of server CPU per
         cycle. A rollback leaves the server's prepared statements valid (the store runs no DDL
         in its transactions); ``rollback()`` afterwards finds the transaction ended and does
         nothing.

@@ -14,8 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from scheduler.backends.postgresql.wakeups import settles_runs, wakes_workers
-from scheduler.backends.sqlite.backend import BEGIN_READ
+from scheduler.backends.interface import Backend
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.plumbing.failures import classify_storage_failure, missing_tables, storage_unavailable
@@ -23,6 +22,7 @@ from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.runner_base import RunnerBase, T
 from scheduler.store.plumbing.telemetry import StateChanges, collect, emit_all
 from scheduler.store.plumbing.tx import Clock, Tx
+from scheduler.store.plumbing.wake_events import settles_runs, wakes_workers
 
 
 def _enclosing_rollback_error(phase: str, storage_code: str) -> SchedulerKernelError:
@@ -48,8 +48,9 @@ class NestedRunner(RunnerBase):
         lock: threading.RLock | None = None,
         fastpath: FastPath | None = None,
         target: SchemaTarget | None = None,
+        backend: Backend,
     ) -> None:
-        super().__init__(conn, clock, uuid_factory, fastpath, lock, target)
+        super().__init__(conn, clock, uuid_factory, fastpath, lock, target, backend=backend)
         self._enclosing_rolled_back = False
         self.sink: list[StateChanges] | None = None
         """Where a block's state changes wait for the block's end (``None``: log per operation)."""
@@ -76,10 +77,10 @@ class NestedRunner(RunnerBase):
         return self._run(operation, sample_clock=False)
 
     def _found_no_transaction(self) -> bool:
-        """No transaction to join: SQLite's driver has none open (pysqlite begins lazily), or
-        the connection is outside any transaction (other drivers)."""
-        if self.conn.dialect.name == "sqlite":
-            return self.dialect.driver_in_transaction(self.conn) is False
+        """No transaction to join: a driver that begins lazily (pysqlite) has none open, or the
+        connection is outside any transaction (other drivers)."""
+        if self.backend.lazy_read_begin is not None:
+            return self.backend.driver_in_transaction(self.conn) is False
         return not self.conn.in_transaction()
 
     def _read_in_own_snapshot(self, operation: Callable[[Tx], T]) -> T:
@@ -93,12 +94,13 @@ class NestedRunner(RunnerBase):
         transaction would stay open, holding its snapshot and locks).
         """
         had_transaction = self.conn.in_transaction()
-        driver: Any = self.conn.connection.dbapi_connection if self.conn.dialect.name == "sqlite" else None
+        begin = self.backend.lazy_read_begin
+        driver: Any = self.conn.connection.dbapi_connection if begin is not None else None
         try:
             if not had_transaction:
                 self.conn.begin()  # first: an engine's "begin" event may emit BEGIN itself
-            if driver is not None and self.dialect.driver_in_transaction(self.conn) is False:
-                driver.execute(BEGIN_READ).close()
+            if driver is not None and self.backend.driver_in_transaction(self.conn) is False:
+                driver.execute(begin).close()
             return operation(self._tx(False, self._usable_fastpath()))
         except BaseException as error:
             if isinstance(error, SchedulerKernelError):
@@ -110,7 +112,7 @@ class NestedRunner(RunnerBase):
                 raise
             raise classified from error
         finally:
-            if driver is not None and self.dialect.driver_in_transaction(self.conn):
+            if driver is not None and self.backend.driver_in_transaction(self.conn):
                 with suppress(Exception):
                     driver.rollback()
             if not had_transaction and self.conn.in_transaction():
@@ -147,7 +149,7 @@ class NestedRunner(RunnerBase):
                 raise
             # On SQLITE_FULL / IOERR SQLite may roll back the whole enclosing transaction
             # itself: the savepoint is gone, but provably nothing of it was committed.
-            enclosing_gone = not rolled_back and self.dialect.driver_in_transaction(self.conn) is False
+            enclosing_gone = not rolled_back and self.backend.driver_in_transaction(self.conn) is False
             classified = classify_storage_failure(
                 error,
                 phase="write",
@@ -214,7 +216,7 @@ class NestedRunner(RunnerBase):
             raise classified from error
 
     def _ensure_sqlite_transaction(self) -> None:
-        self.dialect.ensure_transaction(self.conn)
+        self.backend.ensure_transaction(self.conn)
 
 
 def block_runner(parent: RunnerBase, *, owned_block: bool) -> NestedRunner:
@@ -228,6 +230,7 @@ def block_runner(parent: RunnerBase, *, owned_block: bool) -> NestedRunner:
         lock=parent.lock,
         fastpath=parent.fastpath,
         target=parent.target,
+        backend=parent.backend,
     )
     child.sink = []
     child.owned_block = owned_block

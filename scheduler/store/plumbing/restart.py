@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class RestartTransaction(Exception):
-    """Raised inside a restartable transaction (``Tx.restartable``) where a claim would need a
+    """Raised in a call the store may run again (``CallMode.may_run_again``) where a claim would need a
     savepoint it did not take, or where what it decided on changed under it: the runner rolls the
     transaction back and runs the call again, with savepoints and the same injected clock sample
     (``clock_sample``, set by the runner). Never reaches a caller."""
@@ -15,4 +15,4 @@ class RestartTransaction(Exception):
 class WholeCycleMissed(RestartTransaction):
     """A cycle left whole to one statement (``cycle_statement``) found a case that
     statement does not decide (its check failed, nothing written): the runner runs the call again
-    in a restartable transaction that does not try the statement, before any savepoint path."""
+    in a call the store may run again that does not try the statement, before any savepoint path."""

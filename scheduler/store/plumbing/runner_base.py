@@ -16,12 +16,11 @@ from typing import Any, Final, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
-from scheduler import backends as dialects
+from scheduler.backends.interface import Backend
 from scheduler.schema.target import DEFAULT_SCHEMAS, SchemaTarget
 from scheduler.store.plumbing import lifecycle
-from scheduler.store.plumbing.constructs import StoreDialect
 from scheduler.store.plumbing.fastpath import FastPath
-from scheduler.store.plumbing.tx import Clock, Tx, read_clock
+from scheduler.store.plumbing.tx import NESTED, CallMode, Clock, Tx, read_clock
 
 T = TypeVar("T")
 
@@ -37,6 +36,7 @@ SERVER_CLOCK: Final[Clock] = _server_clock_marker
 class Runner(Protocol):
     conn: Connection
     target: SchemaTarget
+    backend: Backend
 
     @property
     def closed(self) -> bool: ...
@@ -52,15 +52,13 @@ class Runner(Protocol):
     def idle(self) -> None: ...
 
 
-def statement_options(target: SchemaTarget) -> dict[str, Any] | None:
+def statement_options(target: SchemaTarget, backend: Backend) -> dict[str, Any] | None:
     """Per-statement execution options sending Core statements to ``target``'s schema
-    (``None`` for SQLite ``main``: the original's unqualified statements). On PostgreSQL they
-    also keep the driver's row count of an INSERT (``Tx.changes``), which SQLAlchemy drops
-    unless asked."""
+    (``None`` for SQLite ``main``: the original's unqualified statements), with the backend's
+    own (``Backend.statement_options``)."""
     mapping = target.translate_map
     options: dict[str, Any] = {} if mapping is None else {"schema_translate_map": mapping}
-    if target.is_postgresql:
-        options["preserve_rowcount"] = True
+    options.update(backend.statement_options)
     return options or None
 
 
@@ -81,15 +79,18 @@ class RunnerBase:
         fastpath: FastPath | None = None,
         lock: threading.RLock | None = None,
         target: SchemaTarget | None = None,
+        *,
+        backend: Backend,
     ) -> None:
         self.conn = conn
         self.clock = clock
         self.uuid_factory = uuid_factory
         self.lock = lock or threading.RLock()
-        self.dialect: StoreDialect = dialects.for_connection(conn)
-        self.target = target or SchemaTarget(conn.dialect.name, DEFAULT_SCHEMAS[conn.dialect.name])
-        self.options = statement_options(self.target)
-        self.key_locks = self.dialect.key_locks(self.target)
+        self.backend = backend
+        """The database the runner's connection reaches (``scheduler.backends.backend_for``)."""
+        self.target = target or SchemaTarget(backend.name, DEFAULT_SCHEMAS[backend.name])
+        self.options = statement_options(self.target, backend)
+        self.key_locks = backend.key_locks(self.target)
         self._owns_fastpath = fastpath is None
         self.fastpath = fastpath or FastPath.for_connection(conn, self.target.translate_map)
         self._pid = os.getpid()
@@ -168,9 +169,8 @@ class RunnerBase:
         sample_clock: bool,
         fast: FastPath | None,
         *,
-        restartable: bool = False,
+        call: CallMode = NESTED,
         clock_sample: int | None = None,
-        whole_cycles: bool = True,
     ) -> Tx:
         """``clock_sample``: the injected clock's sample of the call's first attempt, for the call
         run again (the call reads an injected clock once; the server clock is read again after the
@@ -178,13 +178,12 @@ class RunnerBase:
         now: int | None = None
         sampler: Clock | None = None
         if self.clock is SERVER_CLOCK:
-            conn, now_of = self.conn, self.dialect.server_now
+            conn, now_of = self.conn, self.backend.server_now
             sampler = lambda: now_of(conn, fast)  # noqa: E731 - read lazily, after the rows are locked
         elif clock_sample is not None:
             now = clock_sample
         else:
             now = read_clock(self.clock) if sample_clock else 0
-        dialect = self.dialect
         return Tx(
             self.conn,
             now,
@@ -193,10 +192,8 @@ class RunnerBase:
             self.options,
             sampler,
             self.key_locks,
-            concurrent=dialect.CONCURRENT_WRITERS,
-            combines_writes=dialect.COMBINES_WRITES,
-            restartable=restartable,
-            whole_cycles=whole_cycles,
+            backend=self.backend,
+            call=call,
         )
 
     def idle(self) -> None:

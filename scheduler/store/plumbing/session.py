@@ -18,28 +18,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 
-from scheduler.backends.postgresql.backend import IN_FAILED_TRANSACTION
-from scheduler.backends.postgresql.cycle_statement import PendingCycle
-from scheduler.backends.postgresql.wakeups import (
-    send_wakeup,
-    settle_channel,
-    settles_runs,
-    wake_channel,
-    wakes_workers,
-)
-from scheduler.backends.sqlite.backend import BEGIN_READ, BEGIN_WRITE
-from scheduler.backends.sqlite.checkpoints import WalCheckpoints
 from scheduler.contract.errors import SchedulerKernelError
-from scheduler.store.plumbing.failures import classify_storage_failure, storage_unavailable
+from scheduler.store.plumbing.failures import (
+    IN_FAILED_TRANSACTION,
+    classify_storage_failure,
+    storage_unavailable,
+)
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.nested_runner import NestedRunner, block_runner
 from scheduler.store.plumbing.runner_base import RunnerBase, T
 from scheduler.store.plumbing.telemetry import collect, emit_all
-from scheduler.store.plumbing.tx import RestartTransaction, Tx, WholeCycleMissed
+from scheduler.store.plumbing.tx import CallMode, RestartTransaction, Tx, WholeCycleMissed
+from scheduler.store.plumbing.wake_events import settles_runs, wakes_workers
+
+
+class Housekeeping(Protocol):
+    """Upkeep of a store's storage between calls (SQLite: ``checkpoints.WalCheckpoints``)."""
+
+    def after_write(self, conn: Connection) -> None:
+        """After each committed write."""
+
+    def idle(self, conn: Connection) -> None:
+        """When the store found nothing to do."""
 
 
 class OwnedRunner(RunnerBase):
@@ -59,21 +63,22 @@ class OwnedRunner(RunnerBase):
     """Run on each new driver connection before its first transaction (PostgreSQL: the lock
     timeout and isolation level), so a store that reconnected runs exactly as before."""
     _prepared_driver: Any = None
-    wal: WalCheckpoints | None = None
+    wal: Housekeeping | None = None
     notify_settled: bool = False
     """Also notify the settle channel from a transaction that ended an occurrence
     (:mod:`scheduler.backends.postgresql.wakeups`; the Tasks layer's result waiters listen there)."""
 
     @property
     def wake_channel(self) -> str | None:
-        """Where committed writes that made work claimable notify idle workers (PostgreSQL)."""
-        return wake_channel(self.target.schema) if self.target.is_postgresql else None
+        """Where committed writes that made work claimable notify idle workers (``None``: the
+        backend has no ``NOTIFY``)."""
+        return self.backend.wake_channel(self.target.schema)
 
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._write_and_count(operation))
 
     def _write_and_count(self, operation: Callable[[Tx], T]) -> T:
-        result = self._run(operation, BEGIN_WRITE)
+        result = self._run(operation, write=True)
         if self.wal is not None:
             self.wal.after_write(self.conn)
         return result
@@ -86,7 +91,7 @@ class OwnedRunner(RunnerBase):
             self._guarded(lambda: wal.idle(self.conn))
 
     def read(self, operation: Callable[[Tx], T]) -> T:
-        return self._guarded(lambda: self._run(operation, BEGIN_READ, sample_clock=False))
+        return self._guarded(lambda: self._run(operation, write=False, sample_clock=False))
 
     def _prepare_driver(self) -> None:
         """``session_setup`` once per driver connection (accessing it reconnects if needed).
@@ -107,38 +112,36 @@ class OwnedRunner(RunnerBase):
                 raise
             raise classified from error
 
-    def _run(self, operation: Callable[[Tx], T], begin: str, sample_clock: bool = True) -> T:
-        """Run ``operation`` in a transaction of its own; a write among concurrent writers is
-        restartable (``Tx.restartable``): run once more, with savepoints, if it asks to be. A quiet
-        cycle whose one statement missed (``WholeCycleMissed``) first runs once more restartable,
-        the usual way."""
-        restartable = begin == BEGIN_WRITE and self.dialect.CONCURRENT_WRITERS
+    def _run(self, operation: Callable[[Tx], T], *, write: bool, sample_clock: bool = True) -> T:
+        """Run ``operation`` in a transaction of its own; a write on a backend that runs owned
+        writes again (``Backend.reruns_owned_writes``) may ask to (``CallMode.may_run_again``):
+        it runs once more, with savepoints. A quiet cycle whose one statement missed
+        (``WholeCycleMissed``) first runs once more as it may be run again, the usual way."""
+        first = CallMode(may_run_again=write and self.backend.reruns_owned_writes)
         try:
             try:
-                return self._attempt(operation, begin, sample_clock, restartable=restartable)
-            except WholeCycleMissed as missed:  # the cycle the usual way, still restartable
+                return self._attempt(operation, write, sample_clock, call=first)
+            except WholeCycleMissed as missed:  # the cycle the usual way, still may run again
                 return self._attempt(
                     operation,
-                    begin,
+                    write,
                     sample_clock,
-                    restartable=restartable,
+                    call=CallMode(may_run_again=first.may_run_again, as_one_statement=False),
                     clock_sample=missed.clock_sample,
-                    whole_cycles=False,
                 )
         except RestartTransaction as restart:
             return self._attempt(
-                operation, begin, sample_clock, restartable=False, clock_sample=restart.clock_sample
+                operation, write, sample_clock, call=CallMode(), clock_sample=restart.clock_sample
             )
 
     def _attempt(
         self,
         operation: Callable[[Tx], T],
-        begin: str,
+        write: bool,
         sample_clock: bool,
         *,
-        restartable: bool,
+        call: CallMode,
         clock_sample: int | None = None,
-        whole_cycles: bool = True,
     ) -> T:
         returned = False
         tx: Tx | None = None
@@ -148,14 +151,8 @@ class OwnedRunner(RunnerBase):
         # SQLAlchemy Connection only begins one if a statement falls back to its execution.
         transaction = None if fast is not None else self.conn.begin()
         try:
-            self.dialect.begin(self.conn, write=begin == BEGIN_WRITE, fast=fast)
-            tx = self._tx(
-                sample_clock,
-                fast,
-                restartable=restartable,
-                clock_sample=clock_sample,
-                whole_cycles=whole_cycles,
-            )
+            self.backend.begin(self.conn, write=write, fast=fast)
+            tx = self._tx(sample_clock, fast, call=call, clock_sample=clock_sample)
             result = operation(tx)
             changes = collect(tx)  # inside the transaction: before a COMMIT sent with the writes
             self._finish_writes(tx, fast)
@@ -187,11 +184,11 @@ class OwnedRunner(RunnerBase):
 
     def _finish_writes(self, tx: Tx, fast: FastPath | None) -> None:
         """Send what the call kept for its end, with the ``COMMIT`` where it can go with it (a
-        restartable call with named statements that wakes no worker: the notification must
-        precede the ``COMMIT``)."""
+        call the store may run again, with named statements, that wakes no worker: the
+        notification must precede the ``COMMIT``)."""
         woken = wakes_workers(tx.events)
         watched = not woken and self.notify_settled and self._may_settle(tx)
-        if fast is not None and fast.sends_commit and tx.restartable and not woken and not watched:
+        if fast is not None and fast.sends_commit and tx.call.may_run_again and not woken and not watched:
             tx.flush_writes(commit=True)
             return
         tx.flush_writes()
@@ -201,7 +198,7 @@ class OwnedRunner(RunnerBase):
     def _may_settle(tx: Tx) -> bool:
         """Whether the call ended an occurrence, or may have in its writes statement (a whole
         cycle left to it: its settlement's events are known once it ran)."""
-        return isinstance(tx.pick, PendingCycle) or settles_runs(tx.events)
+        return (tx.pick is not None and tx.pick.settles) or settles_runs(tx.events)
 
     def _commit(self, transaction: Any, fast: FastPath | None) -> None:
         """COMMIT: the SQLAlchemy transaction begun (or auto-begun by a statement SQLAlchemy
@@ -225,12 +222,15 @@ class OwnedRunner(RunnerBase):
         """At most one ``NOTIFY`` in this store-owned transaction: on the work channel when it
         made work claimable (API §9), else on the settle channel when it ended an occurrence and
         ``notify_settled`` is on."""
-        if not self.target.is_postgresql or not (woken or settled):
+        if not (woken or settled):
             return
-        schema = self.target.schema
+        backend, schema = self.backend, self.target.schema
+        channel = backend.wake_channel(schema) if woken else backend.settle_channel(schema)
+        if channel is None:
+            return
         if self.fastpath is not None:
             self.fastpath.ensure_begun(self.conn)
-        send_wakeup(self.conn, wake_channel(schema) if woken else settle_channel(schema))
+        backend.send_wakeup(self.conn, channel)
 
     def _rollback(self, transaction: Any) -> bool:
         fast = self.fastpath
@@ -252,7 +252,7 @@ class OwnedRunner(RunnerBase):
             # Asking the driver now would reconnect (and raise if the server is unreachable);
             # the next call reconnects.
             return True
-        in_transaction = self.dialect.driver_in_transaction
+        in_transaction = self.backend.driver_in_transaction
         try:
             if in_transaction(self.conn):
                 # SQLAlchemy skips the driver rollback of an inactive transaction: do not keep the lock.
@@ -290,7 +290,7 @@ class OwnedRunner(RunnerBase):
         self._prepare_driver()
         transaction = self.conn.begin()
         try:
-            self.dialect.begin(self.conn, write=True, fast=None)
+            self.backend.begin(self.conn, write=True, fast=None)
         except Exception as error:  # e.g. SQLITE_BUSY: nothing ran yet, the block may be retried
             closed = self._rollback(transaction)
             classified = classify_storage_failure(

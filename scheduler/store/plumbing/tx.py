@@ -16,7 +16,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
-from scheduler.backends.postgresql.server_statements import counts_differed
+from scheduler.backends.interface import Backend
 from scheduler.contract.canonical import canonical_json
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.contract.scalars import normalize_epoch_ms
@@ -38,6 +38,26 @@ Clock = Callable[[], int]
 KeyLocks = Callable[[Connection, str, list[str]], None]
 
 
+@dataclass(frozen=True, slots=True)
+class CallMode:
+    """How the runner runs this attempt of a call: facts of the call, not of the backend, which
+    the backend reads where it chooses a tactic (:mod:`scheduler.backends.interface`)."""
+
+    may_run_again: bool = False
+    """The store owns the transaction and may run the call again from the start (nothing is
+    committed before the call returns): a claim takes no savepoint and raises
+    :class:`RestartTransaction` where it would have rolled back to one. Only the first attempt
+    of a store-owned write, on a backend that runs such writes again
+    (``Backend.reruns_owned_writes``)."""
+    as_one_statement: bool = True
+    """The call may be sent as one statement (a quiet ``settle_and_claim``: ``cycle_statement``):
+    false when the call runs again after that statement's check failed."""
+
+
+NESTED: Final = CallMode()
+"""An operation in a transaction someone else owns (a savepoint of it)."""
+
+
 def read_clock(clock: Clock) -> int:
     """One clock reading, checked to be an epoch-ms integer."""
     return normalize_epoch_ms(clock(), "clock result")
@@ -51,6 +71,11 @@ class PendingWrites(Protocol):
     """Work left to the statement that sends the call's kept writes (:meth:`Tx.pick_later`): a
     claim of the first free window candidate (``window_pick.PendingPick``), or a whole quiet
     cycle (``cycle_statement.PendingCycle``)."""
+
+    @property
+    def settles(self) -> bool:
+        """Whether the statement may end an occurrence (its events are known once it ran)."""
+        ...
 
     @property
     def missed(self) -> type[RestartTransaction]:
@@ -82,6 +107,10 @@ class PendingWrites(Protocol):
         """Take the statement's result row."""
         ...
 
+    def completed(self, result: Any) -> Any:
+        """The call's result, from what the operation returned before the statement ran."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class KeptWrite:
@@ -107,7 +136,6 @@ class Tx:
     __slots__ = (
         "_conn",
         "_fast",
-        "_keep_writes",
         "_kept",
         "_kept_events",
         "_key_locks",
@@ -115,14 +143,13 @@ class Tx:
         "_pick",
         "_sampler",
         "_uuid_factory",
+        "backend",
+        "call",
         "claim_savepoint_kept",
-        "concurrent",
         "events",
         "finish",
         "options",
         "pick",
-        "restartable",
-        "whole_cycles",
     )
 
     def __init__(
@@ -135,23 +162,14 @@ class Tx:
         sampler: Clock | None = None,
         key_locks: KeyLocks | None = None,
         *,
-        concurrent: bool = False,
-        combines_writes: bool = False,
-        restartable: bool = False,
-        whole_cycles: bool = True,
+        backend: Backend,
+        call: CallMode = NESTED,
     ) -> None:
         self._conn = conn
-        self.concurrent = concurrent
-        """Other write transactions may run at the same time (PostgreSQL): a row read without a
-        lock may change before this one writes it (``StoreDialect.CONCURRENT_WRITERS``)."""
-        self.restartable = restartable
-        """The store owns this transaction and may run the call again from the start (nothing
-        is committed before the call returns): a claim takes no savepoint and raises
-        :class:`RestartTransaction` where it would have rolled back to one."""
-        self.whole_cycles = whole_cycles
-        """A quiet ``settle_and_claim`` may be tried as one statement (``cycle_statement``): false
-        when the call runs again after that statement's check failed."""
-        self._keep_writes = combines_writes
+        self.backend = backend
+        """The database this transaction runs on: its tactics (claims, settlements, kept writes)."""
+        self.call = call
+        """How the runner runs this attempt (:class:`CallMode`)."""
         self._kept: list[KeptWrite] = []
         self._kept_events: list[dict[str, Any]] = []
         self._now = now
@@ -238,7 +256,7 @@ class Tx:
         sweepable at ``now`` neither before nor after the write, so those reads see the same
         with or without it.
         """
-        if not self._keep_writes:
+        if not self.backend.combines_writes:
             if self.changes(statement, parameters) != expected:
                 raise conflict()
             return
@@ -247,18 +265,19 @@ class Tx:
         self._kept.append(KeptWrite(statement, parameters, expected, conflict, row, claim_reads_may_pass))
 
     @property
-    def picks_in_writes(self) -> bool:
-        """A claim may be left to the writes statement (:meth:`pick_later`): the store owns the
-        transaction, keeps its writes and sends them through the fast path."""
-        return self.restartable and self._keep_writes and self._fast is not None
+    def uses_fast_path(self) -> bool:
+        """Whether this transaction's statements go through the compile-once fast path."""
+        return self._fast is not None
 
     def pick_later(self, pick: PendingWrites) -> None:
         """Leave ``pick`` (the claim of the first free window candidate:
         :mod:`scheduler.backends.postgresql.window_pick`; a whole quiet cycle:
         :mod:`scheduler.backends.postgresql.cycle_statement`)
-        to the statement that sends the kept writes; it has its results once that ran. Only
-        where :attr:`picks_in_writes`."""
-        assert self.picks_in_writes and self.pick is None
+        to the statement that sends the kept writes; it has its results once that ran. Only in a
+        call the store may run again, on a backend that combines writes, through the fast path
+        (the backend's tactic decides)."""
+        assert self.call.may_run_again and self.backend.combines_writes and self.uses_fast_path
+        assert self.pick is None
         self._pick = self.pick = pick
 
     def flush_writes(self, events: Sequence[dict[str, Any]] = (), *, commit: bool = False) -> None:
@@ -267,7 +286,7 @@ class Tx:
 
         Kept writes and up to ``MULTI_ROW_EVENTS`` event rows go as one statement where the
         backend combines writes; more event rows follow in one ``executemany``. With ``commit``
-        (the call's end, a restartable transaction) that statement checks the counts itself and
+        (the call's end, in a call the store may run again) that statement checks the counts itself and
         the ``COMMIT`` may go with it (``FastPath.run``); a count that is not the one expected
         then runs the call again (``RestartTransaction``), which reports the conflict.
         """
@@ -304,7 +323,7 @@ class Tx:
             done = fast.run(self._conn, statement, parameters, commit=True)
             counts = tuple(done[0][0] if done is not None else self.first(statement, parameters))
         except DBAPIError as error:
-            if counts_differed(error):
+            if self.backend.counts_differed(error):
                 raise RestartTransaction from error
             raise
         for write, count in zip(kept, counts, strict=False):
@@ -333,7 +352,7 @@ class Tx:
                 done = fast.run(self._conn, statement, parameters, commit=commit)
             row = done[0][0] if done is not None else self.first(statement, parameters)
         except DBAPIError as error:
-            if counts_differed(error):
+            if self.backend.counts_differed(error):
                 raise pick.missed from error
             raise
         pick.resolve(row)
@@ -457,7 +476,7 @@ class Tx:
     def _keep_events(self, rows: list[dict[str, Any]]) -> None:
         """Where writes are kept, event rows wait for the next statement that could see them
         (no claim read does) or the call's end; elsewhere they are written now."""
-        if self._keep_writes:
+        if self.backend.combines_writes:
             self._kept_events.extend(rows)
         else:
             self.flush_writes(rows)

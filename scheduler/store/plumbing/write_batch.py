@@ -3,7 +3,7 @@
 A one-row write whose effect no statement of the call reads before the next write need not be
 a round trip of its own: ``Tx.write_later`` keeps it, and the kept writes are sent before the
 next statement that could observe them, with the call's event rows, or when the call ends. On a
-backend with data-modifying ``WITH`` (``StoreDialect.COMBINES_WRITES``: PostgreSQL) everything
+backend with data-modifying ``WITH`` (``Backend.combines_writes``: PostgreSQL) everything
 sent at once is one statement::
 
     WITH w0 AS (UPDATE occurrences … RETURNING 1),

@@ -1,5 +1,5 @@
 """Writes a call keeps for later (``Tx.write_later``, ``scheduler.store.plumbing.write_batch``) and claims
-that restart instead of taking a savepoint (``Tx.restartable``).
+that restart instead of taking a savepoint (``CallMode.may_run_again``).
 
 On PostgreSQL a one-row settle or claim ``UPDATE`` is sent with the call's event rows as one
 statement (data-modifying ``WITH``), and the claim reads may run before a kept settlement when
@@ -22,8 +22,8 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
 
 from scheduler import open_store
-from scheduler.backends.postgresql import claim_locks
-from scheduler.store.capabilities import claim_query, leases, settlement
+from scheduler.backends.postgresql import claim_locks, cycle_statement
+from scheduler.store.capabilities import claim_query, settlement
 from scheduler.store.plumbing.session import OwnedRunner
 from scheduler.store.plumbing.statement_plans import Prepared
 
@@ -130,7 +130,7 @@ def test_a_cycle_is_two_round_trips_without_its_statement(
     as one statement, with the ``COMMIT``. Each is ``EXECUTE`` of a statement the store named on
     its connection. No savepoint (the store-owned call restarts instead, below). A plain
     ``settle``: its locked read with the clock, then its ``UPDATE`` and its event together."""
-    monkeypatch.setattr(leases, "cycle_in_one_statement", lambda *_args: None)
+    monkeypatch.setattr(cycle_statement, "cycle_in_one_statement", lambda *_args: None)
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen)
     try:
@@ -199,14 +199,14 @@ def _slowed(statement: Prepared) -> Prepared:
 
 @contextmanager
 def _attempts_of(monkeypatch: pytest.MonkeyPatch, store: Any = None) -> Iterator[list[bool]]:
-    """The ``restartable`` flag of every transaction attempt a store-owned runner makes (only
+    """The ``CallMode.may_run_again`` of every transaction attempt a store-owned runner makes (only
     ``store``'s, if given)."""
     attempts: list[bool] = []
     real_attempt = OwnedRunner._attempt
 
     def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, **kwargs: Any) -> Any:
         if store is None or self is store._runner:
-            attempts.append(kwargs["restartable"])
+            attempts.append(kwargs["call"].may_run_again)
         return real_attempt(self, operation, begin, sample_clock, **kwargs)
 
     monkeypatch.setattr(OwnedRunner, "_attempt", attempt)
@@ -466,7 +466,7 @@ def test_a_cycle_that_loses_its_lease_holds_no_head(
 def _whole_cycles(monkeypatch: pytest.MonkeyPatch, whole: bool) -> None:
     """Keep (``whole``) or turn off the quiet cycle in one statement (``cycle_statement``)."""
     if not whole:
-        monkeypatch.setattr(leases, "cycle_in_one_statement", lambda *_args: None)
+        monkeypatch.setattr(cycle_statement, "cycle_in_one_statement", lambda *_args: None)
 
 
 @pytest.mark.postgresql

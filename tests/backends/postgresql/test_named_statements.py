@@ -25,7 +25,8 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_failures import AUTHORITY, T0, hold_job_row, retryable, storage_error
 
 from scheduler import SchedulerStore, open_store
-from scheduler.store.capabilities import leases, settlement
+from scheduler.backends.postgresql import cycle_statement
+from scheduler.store.capabilities import settlement
 from scheduler.store.records import Occurrence
 from scheduler.testing import dump_tables
 
@@ -223,7 +224,7 @@ def test_a_connection_lost_around_the_commit_sent_with_the_writes_is_unknown(
     cycle's second query carries the ``COMMIT`` (its transaction id is read before it is sent,
     and its fate with ``pg_xact_status``)."""
     if not whole:
-        monkeypatch.setattr(leases, "cycle_in_one_statement", lambda *_args: None)
+        monkeypatch.setattr(cycle_statement, "cycle_in_one_statement", lambda *_args: None)
     with open_store(proxy.url(), schema=pg_schema, clock=lambda: T0) as store:
         held = warmed(store)
         proxy.arm(fault)

@@ -29,9 +29,9 @@ from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.backends.postgresql import claim_locks
+from scheduler.backends.postgresql.claim_tactics import CONTENDED_EXTRA
 from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
 from scheduler.store.capabilities import claim_query
-from scheduler.store.capabilities.leases import CONTENDED_EXTRA
 from scheduler.testing import dump_tables
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """A quiet ``settle_and_claim`` that succeeds runs as one statement (``store/cycle_statement.py``).
 
 Each scenario runs twice, in two fresh schemas: with the one-statement cycle, and the way the store
-ran it before (``leases.cycle_in_one_statement`` turned off: the cycle's first statement, Python's
+ran it before (``cycle_statement.cycle_in_one_statement`` turned off: the cycle's first statement, Python's
 decisions, the writes statement). Results, errors and tables (event ids densely renumbered) must be
 equal. The cases the statement does not decide itself (a lost lease, a control on the settled row,
 an expired lease ahead in the queue, a head another transaction holds or that is not plain, an
@@ -29,7 +29,6 @@ from test_postgresql_window_pick import densely_numbered, one_statement_off
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.backends.postgresql import cycle_statement
 from scheduler.contract.constants import MAX_SAFE_INTEGER
-from scheduler.store.capabilities import leases
 from scheduler.store.plumbing.session import OwnedRunner
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.testing import dump_tables
@@ -87,7 +86,7 @@ def counted_cycles(run: Run) -> Iterator[None]:
             run.pending.append(pending)
         return pending
 
-    with patch.object(leases, "cycle_in_one_statement", counting):
+    with patch.object(cycle_statement, "cycle_in_one_statement", counting):
         yield
 
 
@@ -277,7 +276,7 @@ def test_a_head_another_transaction_holds_is_passed_over_as_before(postgres_serv
         real_attempt = OwnedRunner._attempt
 
         def attempt(self: Any, operation: Any, begin: str, sample_clock: bool, **kwargs: Any) -> Any:
-            attempts.append((kwargs["restartable"], kwargs.get("whole_cycles", True)))
+            attempts.append((kwargs["call"].may_run_again, kwargs["call"].as_one_statement))
             return real_attempt(self, operation, begin, sample_clock, **kwargs)
 
         with (

@@ -31,9 +31,9 @@ from test_postgresql_claims import enqueue
 from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import SchedulerStore, open_store
+from scheduler.backends.postgresql.claim_tactics import CONTENDED_EXTRA
 from scheduler.bench.pg_depth import fill_queue, plan_nodes
 from scheduler.store.capabilities import claim_query
-from scheduler.store.capabilities.leases import CONTENDED_EXTRA
 from scheduler.store.records import Occurrence
 
 DEPTH = 3000

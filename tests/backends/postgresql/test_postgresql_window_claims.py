@@ -42,8 +42,8 @@ from test_postgresql_races import AUTHORITY
 from test_postgresql_window_pick import one_statement_off
 
 from scheduler import SchedulerStore, open_store
-from scheduler.backends.postgresql import cycle_statement
-from scheduler.store.capabilities import claim_query, leases
+from scheduler.backends.postgresql import claim_tactics, cycle_statement
+from scheduler.store.capabilities import claim_query
 
 TIMES = [NOW - 2000, NOW - 1000, NOW - 500, NOW]
 FAR = 9_000_000_000_000
@@ -102,7 +102,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServ
 @contextmanager
 def full_list_only() -> Iterator[None]:
     """The window path turned off: claims among workers read the full candidate list."""
-    with patch.object(leases, "_claim_from_window", lambda *_args, **_kwargs: False), one_statement_off():
+    off = patch.object(claim_tactics, "_claim_from_window", lambda *_args, **_kwargs: False)
+    with off, one_statement_off():
         yield
 
 

@@ -4,7 +4,7 @@ Among workers that hold the first candidates, the cycle's first statement reads 
 heads and its second one settles, locks the first free window row (``SKIP LOCKED``), claims it,
 writes both events and commits. Each test runs a scenario twice, in two fresh schemas: once so
 and once the way the store claimed before (the first free row locked by a statement of its own,
-``leases._pick_later`` turned off), and the tables and results must be equal; the differential
+``claim_tactics._pick_later`` turned off), and the tables and results must be equal; the differential
 tests against the full candidate list are in ``test_postgresql_window_claims.py``. A success
 among workers is first tried as one statement (``test_postgresql_cycle_window.py``); this path
 serves where that statement misses or does not apply, so it is turned off here.
@@ -27,8 +27,8 @@ from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, enqueue, held
 
 from scheduler import SchedulerStore, open_store
-from scheduler.backends.postgresql import window_pick
-from scheduler.store.capabilities import claim_query, claim_writes, leases
+from scheduler.backends.postgresql import claim_tactics, cycle_statement, window_pick
+from scheduler.store.capabilities import claim_query, claim_writes
 from scheduler.store.plumbing import tx
 from scheduler.store.plumbing.telemetry import EVENTS_LOGGER
 from scheduler.testing import dump_tables
@@ -82,7 +82,7 @@ def cycle(store: SchedulerStore, held_id: str, fence: int) -> Any:
 def one_statement_off() -> Iterator[None]:
     """A ``settle_and_claim`` that succeeds is not tried as one statement (``cycle_statement``):
     it runs the two-statement way, its first statement reading the heads or the window."""
-    with patch.object(leases, "cycle_in_one_statement", lambda *_args: None):
+    with patch.object(cycle_statement, "cycle_in_one_statement", lambda *_args: None):
         yield
 
 
@@ -99,7 +99,7 @@ def both_ways(server: PostgresServer, count: int, scenario: Scenario) -> list[tu
                 assert first is not None and first.id == made[0]
                 with (
                     one_statement_off(),
-                    nullcontext() if pick else patch.object(leases, "_pick_later", lambda *_args: False),
+                    nullcontext() if pick else patch.object(claim_tactics, "_pick_later", lambda *_a: False),
                 ):
                     result = scenario(Run(store, schema, made, seen, pick))
                 runs.append((result, densely_numbered(dump_tables(store))))

@@ -1,0 +1,159 @@
+"""``PostgreSQLBackend``: the :class:`~scheduler.backends.interface.Backend` of a PostgreSQL
+schema (psycopg 3; asyncpg under ``scheduler.aio``).
+
+READ COMMITTED writers run at once: a claim locks each candidate it read before claiming it
+(``claim_tactics``, ``claim_locks``), a settlement locks or checks the row it read, and a write
+the store owns is run again from the start where a row changed under it. Several writes go as
+one statement (``write_batch``, ``window_pick``, ``cycle_statement``); ``clock=None`` is the
+server's ``clock_timestamp()``; committed work notifies idle workers (``wakeups``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
+
+from sqlalchemy import Connection, Table, Text, bindparam, func
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import URL
+from sqlalchemy.sql import ColumnElement
+
+from scheduler.backends.interface import Backend, CycleRead, SettleTactic
+from scheduler.backends.postgresql import backend as postgresql
+from scheduler.backends.postgresql import claim_locks, claim_tactics, cycle_read, cycle_statement, wakeups
+from scheduler.backends.postgresql.server_statements import counts_differed
+from scheduler.schema.target import SchemaTarget
+
+if TYPE_CHECKING:
+    from scheduler.store.capabilities.claim_plan import ClaimContention
+    from scheduler.store.capabilities.claim_query import ClaimFilter
+    from scheduler.store.capabilities.claim_writes import Claims
+    from scheduler.store.capabilities.settle_request import SettleRequest
+    from scheduler.store.plumbing.fastpath import FastPath
+    from scheduler.store.plumbing.statement_plans import StoredRow
+    from scheduler.store.plumbing.tx import CallMode, Tx
+
+_KEEP_ROWCOUNT: Final[Mapping[str, Any]] = MappingProxyType({"preserve_rowcount": True})
+"""SQLAlchemy drops the driver's row count of an INSERT unless asked (``Tx.changes``)."""
+
+
+class PostgreSQLBackend:
+    """PostgreSQL (see the module)."""
+
+    name: Final = postgresql.NAME
+    display_name: Final = "PostgreSQL"
+    place_description: Final = "scheduler schema"
+    own_schema: Final = True
+    serializes_writers: Final = False
+    bookkeeping_tables: Final[tuple[Table, ...]] = ()
+    has_server_clock: Final = True
+    reruns_owned_writes: Final = True
+    lazy_read_begin: Final = None
+    combines_writes: Final = True
+    statement_options: Final = _KEEP_ROWCOUNT
+
+    def in_memory(self, url: URL) -> bool:
+        return False
+
+    def database_file(self, url: URL) -> str | None:
+        return None
+
+    def text_values(self, name: str) -> ColumnElement[Any]:
+        """``unnest(:name) AS wanted(value)`` over a text array."""
+        values = func.unnest(bindparam(name, type_=ARRAY(Text)))
+        return values.table_valued("value").render_derived(name="wanted").c.value
+
+    def text_values_parameter(self, values: list[str]) -> Any:
+        return values
+
+    def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
+        postgresql.begin(conn, write=write, fast=fast)
+
+    def ensure_transaction(self, conn: Connection) -> None:
+        postgresql.ensure_transaction(conn)
+
+    def driver_in_transaction(self, conn: Connection) -> bool | None:
+        return postgresql.driver_in_transaction(conn)
+
+    def counts_differed(self, error: BaseException) -> bool:
+        return counts_differed(error)
+
+    def server_now(self, conn: Connection, fast: FastPath | None = None) -> int:
+        return postgresql.server_now(conn, fast)
+
+    def key_locks(self, target: SchemaTarget) -> Callable[[Connection, str, list[str]], None] | None:
+        return postgresql.key_locks(target)
+
+    def claim(
+        self,
+        tx: Tx,
+        claims: Claims,
+        claim_filter: ClaimFilter,
+        limit: int,
+        contention: ClaimContention | None,
+        probed: Sequence[StoredRow] | None,
+        *,
+        pick_in_writes: bool,
+    ) -> None:
+        claim_tactics.claim(tx, claims, claim_filter, limit, contention, probed, pick_in_writes)
+
+    def lock_target(self, tx: Tx, occurrence_id: str) -> None:
+        claim_locks.lock_target(tx, occurrence_id)
+
+    def lock_sweep(self, tx: Tx, batch: Sequence[StoredRow]) -> Sequence[StoredRow]:
+        return claim_locks.locked_sweep(tx, batch)
+
+    def settle_tactic(self, call: CallMode, rows: int) -> SettleTactic:
+        """A single settle in a call the store may run again checks its row as it writes it
+        (``settlement._SETTLE_GUARDED``), saving the lock's statement; others lock first."""
+        return "check_on_write" if rows == 1 and call.may_run_again else "lock_first"
+
+    def read_cycle(
+        self,
+        tx: Tx,
+        request: SettleRequest,
+        claim_filter: ClaimFilter,
+        contention: ClaimContention | None,
+    ) -> CycleRead | None:
+        """In a call the store may run again (a long lock wait runs it again): the window of
+        heads among workers, the head probe and its lock while the queue is quiet."""
+        if not tx.call.may_run_again or contention is None:
+            return None
+        window = not contention.probe_first
+        return cycle_read.read_cycle(
+            tx, request.occurrence_id, request.owner_id, request.fence, claim_filter, window
+        )
+
+    def leave_cycle_to_writes(
+        self,
+        tx: Tx,
+        claim: Callable[[], Any],
+        request: SettleRequest,
+        lease_ms: int,
+        claim_filter: ClaimFilter,
+        contention: ClaimContention | None,
+    ) -> bool:
+        """Where the call's writes may carry a claim (``claim_tactics.picks_in_writes``) and the
+        call was not run again after such a statement missed (``CallMode.as_one_statement``)."""
+        if not (claim_tactics.picks_in_writes(tx) and tx.call.as_one_statement):
+            return False
+        pending = cycle_statement.cycle_in_one_statement(
+            tx, claim, request, lease_ms, claim_filter, contention
+        )
+        return pending is not None
+
+    def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
+        return postgresql.schema_header(conn, target)
+
+    def wake_channel(self, schema: str) -> str | None:
+        return wakeups.wake_channel(schema)
+
+    def settle_channel(self, schema: str) -> str | None:
+        return wakeups.settle_channel(schema)
+
+    def send_wakeup(self, conn: Connection, channel: str) -> None:
+        wakeups.send_wakeup(conn, channel)
+
+
+BACKEND: Final[Backend] = PostgreSQLBackend()
