@@ -2,7 +2,7 @@
 
 The canonical DDL lives in ``ddl.py`` as text (its bytes are checksummed and fingerprinted);
 this module describes the same schema as Core ``Table`` objects so that every store query can
-be written as a Core expression. ``tests/test_schema_metadata.py`` proves both agree.
+be written as a Core expression. ``tests/backends/sqlite/test_schema_metadata.py`` proves both agree.
 
 Every CHECK expression is the DDL's expression with whitespace folded. ``Table.info`` and
 ``Column.info`` carry ``"since"``: the schema version that introduced the table or column

@@ -252,7 +252,7 @@ def _count(name: str) -> Any:
     estimate was 200 × the custom plans' (132,001 against 639 at 200k queued), so the server
     planned the ~10 KB claim statement again on every claim, and JIT-compiled the generic plan
     whenever it did run it. With the limits known, the generic plan costs what a custom one does
-    and is reused (``tests/test_postgresql_stale_stats.py``)."""
+    and is reused (``tests/backends/postgresql/test_postgresql_stale_stats.py``)."""
     return bindparam(name, type_=Integer(), literal_execute=True)
 
 
