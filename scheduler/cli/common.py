@@ -28,6 +28,7 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from scheduler.backends import backend_named, is_supported
 from scheduler.cli import pg_target
 from scheduler.cli.readonly import readonly_snapshot
 from scheduler.contract.errors import SchedulerKernelError
@@ -301,7 +302,8 @@ def database_file(target: str) -> Path:
     database: str | None = target
     if "://" in target:
         url = make_url(target)
-        if url.get_backend_name() != "sqlite":
+        name = url.get_backend_name()
+        if not is_supported(name) or backend_named(name).own_schema:
             raise _usage("only SQLite and PostgreSQL (postgresql+psycopg://) databases are supported")
         database = url.database
     if database in (None, "", ":memory:"):

@@ -31,13 +31,7 @@ from sqlalchemy.schema import CreateColumn
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.schema import ddl, pg_ddl
 from scheduler.schema import tables as t
-from scheduler.schema.target import (
-    FLAVOURS,
-    PSQL_PREAMBLE,
-    SQLITE_PREAMBLE,
-    SchemaTarget,
-    quote_identifier,
-)
+from scheduler.schema.target import FLAVOURS, SchemaTarget, quote_identifier
 from scheduler.schema.upgrade import (
     LATEST_VERSION,
     UPGRADE_STEPS,
@@ -245,8 +239,6 @@ def refusal(message: str) -> SchedulerKernelError:
 
 
 __all__ = [
-    "PSQL_PREAMBLE",
-    "SQLITE_PREAMBLE",
     "Guard",
     "offline_script",
     "offline_target",

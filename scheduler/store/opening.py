@@ -156,7 +156,7 @@ def _resolve(target: Any) -> Resolved:
         if url.get_backend_name() in opening_postgresql.BACKEND_NAMES:
             psycopg = opening_postgresql.psycopg_url(url)
             return Resolved(psycopg.render_as_string(hide_password=False), None, None)
-        if url.get_backend_name() != "sqlite":
+        if not is_supported(url.get_backend_name()):  # SQLite: PostgreSQL's names were taken above
             raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
         if url.database in (None, "", MEMORY):
             return Resolved(target, None, None)
