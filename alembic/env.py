@@ -39,9 +39,8 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.revisions import EXCLUSIVE_ATTRIBUTE, SCHEMA_ATTRIBUTE, refuse_stamp, settings_from
 from scheduler.schema import metadata
 from scheduler.schema.catalog import verify_schema
-from scheduler.schema.offline import PSQL_PREAMBLE, SQLITE_PREAMBLE
 from scheduler.schema.sqlite_file import foreign_file_error
-from scheduler.schema.target import SchemaTarget, schema_target
+from scheduler.schema.target import FLAVOURS, SchemaTarget, schema_target
 from scheduler.schema.upgrade import LATEST_VERSION, inspect_database, validate_now, wall_clock_ms
 from scheduler.schema.versions import exists_on
 
@@ -102,7 +101,7 @@ def database_engine(url: str) -> Engine:
     if backend not in TEMP_SCHEMA:
         raise CommandError(f"The scheduler schema migrations support SQLite and PostgreSQL, not {backend}")
     engine = create_engine(url, poolclass=NullPool)
-    if backend != "sqlite":
+    if FLAVOURS[backend].own_schema:
         return engine
 
     @event.listens_for(engine, "connect")
@@ -214,7 +213,7 @@ def run_migrations_offline() -> None:
         on_version_apply=[refuse_stamp],
     )
     impl = context.get_context().impl
-    impl.static_output(PSQL_PREAMBLE if backend == "postgresql" else SQLITE_PREAMBLE)
+    impl.static_output(FLAVOURS[backend].script_preamble)
     start = context.get_starting_revision_argument()
     with context.begin_transaction():
         if isinstance(start, str) and start != "base":

@@ -40,6 +40,8 @@ POSTGRESQL_DRIVERS: Final = {
 }
 """URL driver names accepted, and the async driver each means (``create_async_engine`` takes
 ``postgresql+psycopg`` as psycopg's async connection)."""
+_URL_DRIVERS: Final = {"sqlite": SQLITE_DRIVERS, **dict.fromkeys(BACKEND_NAMES, POSTGRESQL_DRIVERS)}
+"""The accepted drivers of each database a URL may name (its part before ``+``)."""
 ENGINE_DRIVERS: Final = frozenset(
     {("sqlite", "aiosqlite"), ("postgresql", "asyncpg"), ("postgresql", "psycopg")}
 )
@@ -52,9 +54,7 @@ INSTALL_HINT: Final = 'install the async drivers with pip install "scheduler-ker
 def _driver_url(url: URL) -> URL:
     """The URL with its async driver; ``SCHEDULER_INVALID_ARGUMENT`` for another driver or database."""
     backend, _, driver = url.drivername.partition("+")
-    drivers = (
-        SQLITE_DRIVERS if backend == "sqlite" else POSTGRESQL_DRIVERS if backend in BACKEND_NAMES else None
-    )
+    drivers = _URL_DRIVERS.get(backend)
     if drivers is None:
         raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
     if driver not in drivers:
@@ -88,7 +88,7 @@ def _target_url(target: Any) -> URL:
 def _own_engine(url: URL, timeout_ms: int) -> AsyncEngine:
     """The store's own engine: as ``open_store``'s for the backend, on the async driver."""
     try:
-        if url.get_backend_name() == "sqlite":
+        if not backend_named(url.get_backend_name()).own_schema:  # a database file, or memory
             path = None if url.database in (None, "", MEMORY) else Path(str(url.database))
             engine = create_async_engine(url, **own_engine_options(path, timeout_ms))
             driver_begins_nothing(engine.sync_engine)

@@ -82,6 +82,46 @@ class CycleRead(Protocol):
         ...
 
 
+class NamedStatements(Protocol):
+    """The named server-side statements of one driver connection and the ``BEGIN`` its
+    transaction still owes, for the fast path (:meth:`Backend.named_statements`; PostgreSQL:
+    ``server_statements.ServerStatements``)."""
+
+    pending_begin: str | None
+    """``BEGIN …`` to send before the transaction's first statement (``None``: sent, or none)."""
+    deallocate_first: bool
+    """The session may hold prepared statements of others: deallocate them before preparing."""
+
+    def forget(self) -> None:
+        """The session lost its statements."""
+        ...
+
+    def named(self, sql: str) -> tuple[str, tuple[str, ...]] | None:
+        """(name, parameter names in order) of ``sql`` if it is prepared; else it is noted to be
+        prepared at the next :meth:`prepare_wanted`."""
+        ...
+
+    def prepare_wanted(self, cursor: Any) -> None:
+        """Prepare each statement noted since (on an idle connection in autocommit)."""
+        ...
+
+    def execute_text(
+        self,
+        name: str,
+        order: Sequence[str],
+        arguments: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        begin: str | None,
+        commit: bool,
+    ) -> str | None:
+        """The query running ``name`` once per parameter set, after ``begin`` and before
+        ``COMMIT`` when given; ``None`` if a value cannot be a literal."""
+        ...
+
+    def lost(self, error: BaseException) -> bool:
+        """Whether ``error`` says the session no longer has a name (the call runs again)."""
+        ...
+
+
 class Backend(Protocol):
     """One database backend of the store (see the module)."""
 
@@ -158,6 +198,35 @@ class Backend(Protocol):
     @property
     def statement_options(self) -> Mapping[str, Any]:
         """Execution options every store statement runs with, beside the schema map."""
+        ...
+
+    def storage_condition(self, errors: list[BaseException]) -> tuple[str, bool] | None:
+        """(``storageCode``, whether the cause is contention or a lost connection) for the first
+        failure of the database's own in a cause chain (``errors``, the error first), or ``None``
+        (:func:`scheduler.store.plumbing.failures.classify_storage_failure` then looks for storage
+        codes and contention in it)."""
+        ...
+
+    def missing_table(self, errors: list[BaseException]) -> bool:
+        """Whether a statement of the cause chain ``errors`` named a table that does not exist."""
+        ...
+
+    @property
+    def fast_path_driver(self) -> tuple[str, str]:
+        """(driver, parameter style) of the connections the compile-once fast path runs statements
+        on (:class:`~scheduler.store.plumbing.fastpath.FastPath`); SQLAlchemy runs them on others."""
+        ...
+
+    @property
+    def names_statements(self) -> bool:
+        """Whether the fast path sends the hot statements as named server-side statements on the
+        store's own connections, with the transaction's ``BEGIN`` and ``COMMIT``
+        (:meth:`named_statements`)."""
+        ...
+
+    def named_statements(self, driver: Any) -> NamedStatements | None:
+        """Fresh named statements for the fast path's driver connection ``driver``, ``None`` where
+        its session cannot run them exactly (or the backend has none: :attr:`names_statements`)."""
         ...
 
     def counts_differed(self, error: BaseException) -> bool:
@@ -285,4 +354,4 @@ class Backend(Protocol):
         ...
 
 
-__all__ = ["Backend", "CycleRead", "KeyLocks", "SettleTactic"]
+__all__ = ["Backend", "CycleRead", "KeyLocks", "NamedStatements", "SettleTactic"]

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from scheduler.backends import backend_named, is_supported
 from scheduler.bench.context import SCALE_ENV, make_config
 from scheduler.bench.report import markdown, render, rich_progress, write_json
 from scheduler.bench.runner import run_benchmarks
@@ -98,7 +99,9 @@ def bench_command(
 ) -> None:
     """Measure the store on a temporary WAL database (synchronous=FULL) against the raw commit floor,
     or (``--backend postgresql --db URL``) on a PostgreSQL server in a schema of its own."""
-    if backend == "postgresql":
+    if not is_supported(backend):
+        raise typer.BadParameter("--backend must be sqlite or postgresql")
+    if backend_named(backend).own_schema:
         _postgresql(
             db,
             quick=quick,
@@ -109,8 +112,6 @@ def bench_command(
             markdown_file=markdown_file,
         )
         return
-    if backend != "sqlite":
-        raise typer.BadParameter("--backend must be sqlite or postgresql")
     config = make_config(quick=quick, scale=scale, depths=parse_depths(depths), workers=workers)
     console = Console(stderr=True)
     with terminated_cleanly(), rich_progress(console) as progress:

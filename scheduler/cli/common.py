@@ -28,6 +28,7 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from scheduler.backends import backend_named, is_supported
 from scheduler.cli import pg_target
 from scheduler.cli.readonly import readonly_snapshot
 from scheduler.contract.errors import SchedulerKernelError
@@ -301,7 +302,8 @@ def database_file(target: str) -> Path:
     database: str | None = target
     if "://" in target:
         url = make_url(target)
-        if url.get_backend_name() != "sqlite":
+        name = url.get_backend_name()
+        if not is_supported(name) or backend_named(name).own_schema:
             raise _usage("only SQLite and PostgreSQL (postgresql+psycopg://) databases are supported")
         database = url.database
     if database in (None, "", ":memory:"):
@@ -311,7 +313,7 @@ def database_file(target: str) -> Path:
 
 def describe_target(target: str) -> str:
     """A database as output names it: a PostgreSQL URL without its password, with the schema."""
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         return pg_target.label(make_url(target), resolve_schema() or "scheduler")
     return target
 
@@ -320,7 +322,7 @@ def cli_invocation(target: str) -> str:
     """``scheduler --db … [--schema …]`` naming the database ``target`` (and the chosen schema), for
     hints to copy; a PostgreSQL URL's password is shown as ``***``."""
     shown = target
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         shown = make_url(target).render_as_string(hide_password=True)
     words = ["scheduler", "--db", shlex.quote(shown)]
     schema = resolve_schema()
@@ -332,7 +334,7 @@ def cli_invocation(target: str) -> str:
 def require_database(db: str | None) -> None:
     """A write command acts on an existing database: it never creates one (exit 1 otherwise)."""
     target = resolve_target(db)
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         pg_target.require_existing(target, resolve_schema())
     else:
         existing_file(target)
@@ -441,7 +443,7 @@ def read_store(db: str | None) -> Iterator[SchedulerStore]:
     """A store for read commands: read-only file (PostgreSQL: a read-only snapshot transaction),
     current schema, never creates or upgrades. SQLite: a dedicated or a shared file."""
     target, schema = resolve_target(db), resolve_schema()
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         with pg_target.readonly_connection(target, schema) as (name, connection, where):
             problem = pg_target.current_schema_problem(connection, where, name)
             if problem is not None:
@@ -468,7 +470,7 @@ def write_store(db: str | None, *, default_schema: str | None = None) -> Iterato
     a shared SQLite file (:func:`target_is_shared`) is opened with ``exclusive=False``.
     ``default_schema``: the PostgreSQL schema when ``--schema`` names none (else ``scheduler``)."""
     target, schema = resolve_target(db), resolve_schema()
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         schema = schema or default_schema
         with open_store(target, schema=schema) as store:
             yield store

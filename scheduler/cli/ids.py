@@ -201,7 +201,7 @@ def resolve_before_write(db: str | None, space: IdSpace, value: str) -> Resolved
 def _lookup_connection(db: str | None, space: IdSpace) -> Iterator[Connection | None]:
     target, schema = resolve_target(db), resolve_schema()
     table = space.column.table.name
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         with pg_target.readonly_connection(target, schema) as (_, connection, where):
             yield connection if table in list_user_tables(connection, where) else None
         return

@@ -38,7 +38,7 @@ class PgTargetError(Exception):
         self.code = code
 
 
-def is_postgresql(target: str) -> bool:
+def has_own_schema(target: str) -> bool:
     """Whether a ``--db`` value is the URL of a database whose stores live in schemas of their own
     (PostgreSQL, any driver: others are refused later)."""
     if "://" not in target:

@@ -102,10 +102,10 @@ def _inspect_for_script(
     db_target: str, must_exist: bool, shared: bool, schema: str | None
 ) -> tuple[SchemaTarget, str, int, bool]:
     """(layout, database label, version the script starts from, backfill has work); read-only."""
-    if pg_target.is_postgresql(db_target):
+    if pg_target.has_own_schema(db_target):
         url = make_url(db_target)
-        if url.drivername == "postgresql":
-            url = url.set(drivername="postgresql+psycopg")
+        if "+" not in url.drivername:  # no driver named: psycopg, as postgresql_url takes it
+            url = url.set(drivername=f"{url.drivername}+psycopg")
         engine = create_engine(url, poolclass=NullPool)
         try:
             with engine.connect() as connection, connection.begin():
@@ -116,7 +116,7 @@ def _inspect_for_script(
         finally:
             engine.dispose()
         return (
-            offline.offline_target("postgresql", target.schema),
+            offline.offline_target(target.dialect, target.schema),
             pg_target.label(url, target.schema),
             version,
             work,
@@ -194,12 +194,12 @@ def _upgrade(
     schema: str | None = None,
 ) -> None:
     target, schema = resolve_target(db), resolve_schema(schema)
-    if not pg_target.is_postgresql(target):
+    if not pg_target.has_own_schema(target):
         shared = shared or target_is_shared(target)
     if sql:
         _print_sql(target, must_exist=must_exist, shared=shared, schema=schema, as_json=as_json)
         return
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         _upgrade_postgresql(target, schema, must_exist=must_exist, dry_run=dry_run, as_json=as_json)
         return
     if schema not in (None, "main"):
@@ -315,7 +315,7 @@ def verify_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Check integrity, catalog, migration history and foreign keys. Read-only; exit 1 on drift."""
     target = resolve_target(db)
     path: Path | str
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         with pg_target.readonly_connection(target, resolve_schema()) as (path, connection, where):
             verification = verify_postgresql(connection, where)
     else:
@@ -471,7 +471,7 @@ def info_command(db: DbOption = None, as_json: JsonOption = False) -> None:
     Exit 1 when the file is damaged (``quick_check`` fails); row counts are then not read.
     """
     target = resolve_target(db)
-    if pg_target.is_postgresql(target):
+    if pg_target.has_own_schema(target):
         info = _info_postgresql(target, resolve_schema())
     else:
         sqlite_schema(resolve_schema())

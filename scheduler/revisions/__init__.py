@@ -39,7 +39,7 @@ from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.util import CommandError
 from sqlalchemy import Connection
 
-from scheduler.backends import backend_named, is_supported
+from scheduler.backends import backend_for, backend_named, is_supported
 from scheduler.contract.errors import SchedulerKernelError
 from scheduler.schema import offline, pg_ddl
 from scheduler.schema.catalog import verify_catalog
@@ -160,8 +160,8 @@ def begin_write_transaction(connection: Connection, target: SchemaTarget) -> Non
     transaction before DDL; the step (and Alembic's ``alembic_version`` row after it) then runs
     inside this ``BEGIN IMMEDIATE`` and commits with Alembic's own commit.
     """
-    if target.is_postgresql:
-        return
+    if backend_for(connection).lazy_read_begin is None:
+        return  # the driver's transactions begin with its first statement, DDL too
     driver: Any = connection.connection.dbapi_connection
     if getattr(driver, "in_transaction", True) is False:
         driver.execute("BEGIN IMMEDIATE").close()
@@ -185,7 +185,7 @@ def apply_online(connection: Connection, version: int, settings: RevisionSetting
             connection, settings.schema, settings.resolve_exclusive(connection.dialect.name)
         )
         begin_write_transaction(connection, target)
-        if target.is_postgresql:
+        if target.own_schema:
             pg_ddl.lock_schema(connection, target)
         recorded = inspect_database(connection, schema=target.schema, exclusive=target.exclusive)
         if recorded >= version:
@@ -219,8 +219,8 @@ def emit_offline(context: MigrationContext, version: int, settings: RevisionSett
     except SchedulerKernelError as error:
         raise _command_error(error) from error
     impl = context.impl
-    own_transaction = not target.is_postgresql and not _sqlite_wraps_itself(context)
-    lines = [offline.PSQL_PREAMBLE if target.is_postgresql else offline.SQLITE_PREAMBLE]
+    own_transaction = not target.own_schema and not _sqlite_wraps_itself(context)
+    lines = [target.flavour.script_preamble]
     if own_transaction:
         lines.append("BEGIN IMMEDIATE" + impl.command_terminator)
     lines += [statement + impl.command_terminator for statement in statements]

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from scheduler.schema.target import POSTGRESQL, schema_target
+from scheduler.schema.target import schema_target
 from scheduler.schema.versions import SCHEDULER_TABLE_NAMES
 
 IncludeName = Callable[[str | None, str, Mapping[str, str | None]], bool]
@@ -59,7 +59,7 @@ def alembic_filters(
     finally:
         if began and connection.in_transaction():
             connection.rollback()  # end the read it began: Alembic's own transaction comes next
-    own_schema = target.schema if target.dialect == POSTGRESQL or target.schema != "main" else None
+    own_schema = None if target.is_default_sqlite else target.schema
     default_names = (None, "main")
 
     def scheduler_table(name: str | None, schema_name: str | None) -> bool:

@@ -116,7 +116,7 @@ def list_user_tables(connection: Connection, schema: Target = None, exclusive: b
     On PostgreSQL: the tables (ordinary, partitioned, foreign) of the scheduler schema.
     """
     target = resolve(connection, schema, exclusive)
-    if target.is_postgresql:
+    if target.own_schema:
         return pg_catalog.list_tables(connection, target)
     names = [
         str(row[0]) for row in connection.exec_driver_sql(_USER_TABLES_SQL.format(master=_master(target)))
@@ -149,7 +149,7 @@ def assert_database_integrity(connection: Connection, schema: Target = None, exc
     scheduler table. PostgreSQL has no equivalent (the server keeps its pages): nothing to do.
     """
     target = resolve(connection, schema, exclusive)
-    if target.is_postgresql:
+    if not target.flavour.checks_pages:
         return
     try:
         rows = _quick_check(connection, target)
@@ -186,7 +186,7 @@ def schema_fingerprint(connection: Connection, schema: Target = None, exclusive:
     the scheduler's rows). PostgreSQL: the ``pg_catalog`` description of ``pg_catalog.py``.
     """
     target = resolve(connection, schema, exclusive)
-    if target.is_postgresql:
+    if target.own_schema:
         return pg_catalog.fingerprint(connection, target)
     rows = _catalog_rows(connection, target) if target.exclusive else shared_objects(connection, target)
     return _sqlite_fingerprint(rows)
@@ -353,7 +353,7 @@ def verify_catalog(
     """Every check of :func:`verify_schema` except ``quick_check`` (for a caller that just ran it)."""
     check_version(version)
     target = resolve(connection, schema, exclusive)
-    if target.is_postgresql:
+    if target.own_schema:
         pg_catalog.verify_catalog(connection, version, target)
         return
     tables = _verify_tables(connection, version, target)

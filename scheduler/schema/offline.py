@@ -31,7 +31,7 @@ from sqlalchemy.schema import CreateColumn
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.schema import ddl, pg_ddl
 from scheduler.schema import tables as t
-from scheduler.schema.target import DEFAULT_SCHEMAS, POSTGRESQL, SQLITE, SchemaTarget, quote_identifier
+from scheduler.schema.target import FLAVOURS, SchemaTarget, quote_identifier
 from scheduler.schema.upgrade import (
     LATEST_VERSION,
     UPGRADE_STEPS,
@@ -42,8 +42,6 @@ from scheduler.schema.upgrade import (
 
 OFFLINE_REFUSED: Final = "SCHEDULER_INVALID_ARGUMENT"
 GUARD_TABLE: Final = "scheduler_offline_guard"
-SQLITE_PREAMBLE: Final = ".bail on"
-PSQL_PREAMBLE: Final = "\\set ON_ERROR_STOP on"
 _PG_DIALECT: Final = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
@@ -62,20 +60,21 @@ def offline_target(dialect: str, schema: str | None = None, exclusive: bool = Tr
     SQLite schema other than ``main`` (an attached database exists only on the application's
     connection).
     """
-    if dialect not in DEFAULT_SCHEMAS:
+    flavour = FLAVOURS.get(dialect)
+    if flavour is None:
         raise invalid_argument(f"offline scripts support SQLite and PostgreSQL, not {dialect}")
-    name = DEFAULT_SCHEMAS[dialect] if schema is None else schema
+    name = flavour.default_schema if schema is None else schema
     if not isinstance(name, str) or not name or "\x00" in name:
         raise invalid_argument("schema must be a non-empty string")
-    if dialect == POSTGRESQL and not exclusive:
+    if flavour.own_schema and not exclusive:
         raise invalid_argument("exclusive=False applies to SQLite only")
-    if dialect == SQLITE and name.lower() != "main":
+    if not flavour.own_schema and name.lower() != flavour.default_schema:
         raise invalid_argument(
             f"An offline script cannot address the attached SQLite database {name!r}: its ATTACH "
             "belongs to the application's connection. Run the upgrade online (alembic without "
             "--sql, or open_store)."
         )
-    return SchemaTarget(dialect, "main" if dialect == SQLITE else name, exclusive)
+    return SchemaTarget(dialect, name if flavour.own_schema else flavour.default_schema, exclusive)
 
 
 def _literal(value: str) -> str:
@@ -91,7 +90,7 @@ def _scheduler_names_sql() -> str:
 
 
 def _empty_guard(target: SchemaTarget) -> Guard:
-    if target.is_postgresql:
+    if target.own_schema:
         condition = (
             "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
             f"ON n.oid = c.relnamespace WHERE n.nspname = {_literal(target.schema)})"
@@ -114,7 +113,7 @@ def _empty_guard(target: SchemaTarget) -> Guard:
 
 def _version_guard(target: SchemaTarget, version: int) -> Guard:
     expected = version - 1
-    if target.is_postgresql:
+    if target.own_schema:
         migrations = f"{quote_identifier(target.schema)}.migrations"
         condition = (
             f"to_regclass({_literal(migrations)}) IS NOT NULL AND "
@@ -141,7 +140,7 @@ def _backfill_guard(target: SchemaTarget) -> Guard:
 
 
 def _guard_statements(guard: Guard, target: SchemaTarget, label: str) -> list[str]:
-    if target.is_postgresql:
+    if target.flavour.script_blocks:
         return [
             f"DO $scheduler$ BEGIN IF NOT ({guard.condition}) THEN "
             f"RAISE EXCEPTION {_literal(guard.message)}; END IF; END $scheduler$"
@@ -161,7 +160,7 @@ def _guard_statements(guard: Guard, target: SchemaTarget, label: str) -> list[st
 
 
 def _ddl(version: int, target: SchemaTarget) -> list[str]:
-    if not target.is_postgresql:
+    if not target.own_schema:
         return [qualified_statement(s, target) for s in ddl_statements(ddl.MIGRATION_SQL[version])]
     translate = {None: target.schema}
     statements = [
@@ -191,7 +190,7 @@ def step_statements(version: int, now: int, target: SchemaTarget) -> list[str]:
     statements = _guard_statements(
         _empty_guard(target) if version == 1 else _version_guard(target, version), target, f"v{version}"
     )
-    if target.is_postgresql:
+    if target.own_schema:
         classid, objid = pg_ddl.lock_key(target.schema)
         statements.append(
             f"DO $scheduler$ BEGIN PERFORM pg_advisory_xact_lock({classid}, {objid}); END $scheduler$"
@@ -202,7 +201,7 @@ def step_statements(version: int, now: int, target: SchemaTarget) -> list[str]:
     if version == 2:
         statements += _guard_statements(_backfill_guard(target), target, "v2_backfill")
     statements.append(_migration_row(version, now, target))
-    if not target.is_postgresql and target.exclusive:
+    if target.owns_file_header:
         if version == 1:
             statements.append(f"PRAGMA application_id = {int(ddl.SCHEDULER_APPLICATION_ID)}")
         statements.append(f"PRAGMA user_version = {int(version)}")
@@ -219,7 +218,7 @@ def upgrade_statements(
     statements: list[str] = []
     for version in range(from_version + 1, to_version + 1):
         statements += step_statements(version, now, target)
-    if statements and not target.is_postgresql:
+    if statements and not target.flavour.script_blocks:
         statements.append(f"DROP TABLE IF EXISTS temp.{GUARD_TABLE}")
     return statements
 
@@ -229,7 +228,7 @@ def offline_script(
 ) -> str:
     """A complete script for ``sqlite3``/``psql``: preamble, ONE transaction, every step, COMMIT."""
     statements = upgrade_statements(target, from_version, now, to_version)
-    head = [PSQL_PREAMBLE, "BEGIN;"] if target.is_postgresql else [SQLITE_PREAMBLE, "BEGIN IMMEDIATE;"]
+    head = [target.flavour.script_preamble, target.flavour.script_begin]
     body = [statement + ";" for statement in statements]
     return "\n".join([*head, *body, "COMMIT;"]) + "\n"
 

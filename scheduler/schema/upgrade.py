@@ -89,7 +89,7 @@ def qualified_statement(statement: str, target: SchemaTarget) -> str:
 
 
 def _run_ddl(connection: Connection, version: int, target: SchemaTarget) -> None:
-    if target.is_postgresql:
+    if target.own_schema:
         pg_ddl.run_step_ddl(connection, version, target)
         return
     for statement in ddl_statements(ddl.MIGRATION_SQL[version]):
@@ -97,10 +97,10 @@ def _run_ddl(connection: Connection, version: int, target: SchemaTarget) -> None
 
 
 def _create_v1(connection: Connection, now: int, target: SchemaTarget) -> None:
-    if target.is_postgresql:
+    if target.own_schema:
         pg_ddl.create_schema(connection, target)
     _run_ddl(connection, 1, target)
-    if not target.is_postgresql and target.exclusive:
+    if target.owns_file_header:
         connection.exec_driver_sql(target.pragma(f"application_id = {int(ddl.SCHEDULER_APPLICATION_ID)}"))
 
 
@@ -158,7 +158,7 @@ def _validate_version(value: object, field: str, low: int, high: int) -> int:
 
 def _require_transaction(connection: Connection, target: SchemaTarget) -> None:
     """Refuse to run DDL outside a real transaction (it would not be atomic)."""
-    if target.is_postgresql:
+    if target.own_schema:
         if connection.in_transaction() and not driver_autocommit(connection):
             return
         raise invalid_argument(
@@ -171,7 +171,7 @@ def _require_transaction(connection: Connection, target: SchemaTarget) -> None:
 
 
 def _current_version(connection: Connection, target: SchemaTarget) -> int:
-    if target.is_postgresql:
+    if target.own_schema:
         return pg_catalog.recorded_version(connection, target)
     if target.exclusive:
         return read_pragma_int(connection, "user_version", target)
@@ -181,7 +181,7 @@ def _current_version(connection: Connection, target: SchemaTarget) -> int:
 def _existing_objects(connection: Connection, target: SchemaTarget) -> dict[str, Any]:
     """What step 1 finds in its way: every table (exclusive SQLite), the scheduler's objects
     (shared SQLite) or every object of the schema (PostgreSQL)."""
-    if target.is_postgresql:
+    if target.own_schema:
         tables = pg_catalog.list_tables(connection, target)
         objects = pg_catalog.list_objects(connection, target)
         return {"tables": tables, "objects": objects} if tables or objects else {}
@@ -226,7 +226,7 @@ def inspect_database(connection: Connection, *, schema: str | None = None, exclu
     SQLite database. Read-only.
     """
     target = resolve(connection, schema, exclusive)
-    if target.is_postgresql:
+    if target.own_schema:
         return pg_catalog.inspect(connection, target)
     return inspect_sqlite(connection, target)
 
@@ -246,7 +246,7 @@ def apply_step(
     validate_now(now)
     target = resolve(connection, schema, exclusive)
     _require_transaction(connection, target)
-    if target.is_postgresql:
+    if target.own_schema:
         pg_ddl.lock_schema(connection, target)
     _require_version(connection, version, target)
     step = UPGRADE_STEPS[version - 1]
@@ -257,7 +257,7 @@ def apply_step(
                 version=step.version, name=step.name, checksum=step.checksum, applied_at=now
             )
         )
-    if not target.is_postgresql and target.exclusive:
+    if target.owns_file_header:
         connection.exec_driver_sql(target.pragma(f"user_version = {int(step.version)}"))
 
 
@@ -310,7 +310,7 @@ def initialize_or_upgrade(
         if not _may_be_a_concurrent_upgrade(refusal, target):
             raise
     _require_transaction(connection, target)
-    if target.is_postgresql:
+    if target.own_schema:
         pg_ddl.lock_schema(connection, target)
         version = inspect_database(connection, schema=target.schema)
     apply_upgrade(connection, version, now, schema=target.schema, exclusive=target.exclusive)
@@ -328,7 +328,7 @@ def _may_be_a_concurrent_upgrade(refusal: SchedulerKernelError, target: SchemaTa
     transaction is aborted. On SQLite the caller's transaction is one snapshot already.
     """
     return (
-        target.is_postgresql
+        target.flavour.latest_per_statement
         and refusal.code.startswith("SCHEDULER_SCHEMA_")
         and refusal.__cause__ is None
     )

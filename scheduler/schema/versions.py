@@ -152,7 +152,7 @@ def read_history(connection: Connection, target: SchemaTarget) -> list[dict[str,
     """
     sql = driver_sql(connection, _HISTORY_SQL.format(migrations=target.qualify("migrations")))
     try:
-        if target.is_postgresql and not driver_autocommit(connection):
+        if target.flavour.aborts_on_failure and not driver_autocommit(connection):
             with connection.begin_nested():
                 rows = connection.exec_driver_sql(sql).all()
         else:

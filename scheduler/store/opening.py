@@ -15,7 +15,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool, StaticPool
 
-from scheduler.backends import backend_for, backend_named, is_supported
+from scheduler.backends import Backend, backend_for, backend_named, is_supported
 from scheduler.backends.postgresql import opening as opening_postgresql
 from scheduler.backends.sqlite import files
 from scheduler.backends.sqlite.backend import (
@@ -156,7 +156,7 @@ def _resolve(target: Any) -> Resolved:
         if url.get_backend_name() in opening_postgresql.BACKEND_NAMES:
             psycopg = opening_postgresql.psycopg_url(url)
             return Resolved(psycopg.render_as_string(hide_password=False), None, None)
-        if url.get_backend_name() != "sqlite":
+        if not is_supported(url.get_backend_name()):  # SQLite: PostgreSQL's names were taken above
             raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
         if url.database in (None, "", MEMORY):
             return Resolved(target, None, None)
@@ -398,7 +398,8 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
     given_engine = place.engine
     application_engine = given_engine if not place.owned else None
     name = given_engine.dialect.name if given_engine else make_url(str(place.url)).get_backend_name()
-    if is_supported(name) and backend_named(name).own_schema:
+    backend = backend_named(name) if is_supported(name) else None
+    if backend is not None and backend.own_schema:
         if not options.exclusive:
             raise invalid_argument(
                 "exclusive=False applies to SQLite only: a PostgreSQL schema is the scheduler's"
@@ -409,12 +410,13 @@ def open_resolved(place: Resolved, options: OpenOptions, schema: str | None) -> 
             options.timeout_ms,
             options.uuid_factory,
             schema,
+            backend,
         )
     valid_clock, timeout_ms, valid_uuid = options.valid_clock, options.timeout_ms, options.uuid_factory
     exclusive, path = options.exclusive, place.path
     now = normalize_epoch_ms(valid_clock(), "clock result")
     secure_files = owns_file(schema, exclusive)
-    progress = OpenProgress()
+    progress = OpenProgress(backend=backend)
     engine: Engine | None = given_engine
     try:
         if path is not None:
@@ -463,6 +465,7 @@ def _open_postgresql(
     timeout_ms: int,
     uuid_factory: Callable[[], str],
     schema: str | None,
+    backend: Backend,
 ) -> SchedulerStore:
     """``open_store`` on PostgreSQL (``opening_postgresql``); ``clock`` may be ``SERVER_CLOCK``."""
     owns_engine = place.engine is None or place.owned
@@ -472,7 +475,7 @@ def _open_postgresql(
     except BaseException as cause:
         if owns_engine:
             _dispose(engine)
-        failure = _open_failure(cause, OpenProgress())
+        failure = _open_failure(cause, OpenProgress(backend=backend))
         if failure is cause:
             raise
         raise failure from (cause.__cause__ if isinstance(cause, SchedulerKernelError) else cause)

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import errno
-import socket
 import zlib
 from collections.abc import Callable
 from contextlib import suppress
@@ -34,6 +32,7 @@ from scheduler.store.plumbing.constructs import (
     server_clock_ms,
     server_instant,
 )
+from scheduler.store.plumbing.failures import CONNECTION_LOST, IN_FAILED_TRANSACTION, is_network_error
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.library_internals import InternalsUnavailable
 from scheduler.store.plumbing.statement_plans import Prepared
@@ -257,8 +256,6 @@ def schema_header(conn: Connection, target: SchemaTarget) -> tuple[int, int | No
 
 # ----------------------------------------------------------------- failure classification
 
-CONNECTION_LOST: Final = "CONNECTION_LOST"
-"""``storageCode`` of a lost connection the driver gave no SQLSTATE for (API §8)."""
 CONTENTION_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03", "57014", "57P01"})
 """Serialization failure, deadlock, lock timeout, statement timeout / cancel, terminated backend:
 nothing of the transaction survives them, so the store's own call may be retried."""
@@ -271,22 +268,11 @@ FAILURE_SQLSTATES: Final = frozenset(
 I/O error, corruption): reported as storage unavailable, not retryable."""
 
 
-IN_FAILED_TRANSACTION: Final = "25P02"
-"""The enclosing transaction was aborted by an earlier failed statement (only a caller's
-transaction reaches the store in that state): not retryable until the caller rolls it back."""
 CONNECT_SQLSTATE_CLASSES: Final = ("28", "3D")
 """Refused at connect (asyncpg reports the server's SQLSTATE, psycopg none): invalid
 authorization, a database that does not exist. Not retryable."""
 UNDEFINED_TABLE: Final = "42P01"
 """A statement named a table that does not exist (``undefined_table``)."""
-_NETWORK_ERRNOS: Final = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "EPIPE", "ETIMEDOUT",
-        "EHOSTUNREACH", "EHOSTDOWN", "ENETUNREACH", "ENETDOWN",
-    )
-    if hasattr(errno, name)
-)  # fmt: skip
 
 _DRIVER_MODULES: Final = frozenset({"psycopg", "asyncpg"})
 
@@ -328,18 +314,14 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
             continue
         if type(error).__name__ in ("OperationalError", "InterfaceError"):
             return CONNECTION_LOST, True
-    if any(_is_network_error(error) for error in errors):
+    if any(is_network_error(error) for error in errors):
         return CONNECTION_LOST, True
     return None
 
 
-def _is_network_error(error: BaseException) -> bool:
-    """The server could not be reached or dropped the socket: asyncpg raises the ``OSError``
-    itself (connection refused, reset, unreachable host, a connect timeout, an unknown host),
-    where psycopg raises an ``OperationalError`` without a SQLSTATE."""
-    if isinstance(error, (ConnectionError, TimeoutError, socket.gaierror)):
-        return True
-    return isinstance(error, OSError) and error.errno in _NETWORK_ERRNOS
+def missing_table(errors: list[BaseException]) -> bool:
+    """Whether a statement of the cause chain named a table that does not exist (42P01)."""
+    return has_sqlstate(errors, UNDEFINED_TABLE)
 
 
 def has_sqlstate(errors: list[BaseException], sqlstate: str) -> bool:

@@ -19,10 +19,10 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.sql import ColumnElement
 
-from scheduler.backends.interface import Backend, CycleRead, SettleTactic
+from scheduler.backends.interface import Backend, CycleRead, NamedStatements, SettleTactic
 from scheduler.backends.postgresql import backend as postgresql
 from scheduler.backends.postgresql import claim_locks, claim_tactics, cycle_read, cycle_statement, wakeups
-from scheduler.backends.postgresql.server_statements import counts_differed
+from scheduler.backends.postgresql.server_statements import ServerStatements, connection_fits, counts_differed
 from scheduler.schema.target import SchemaTarget
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class PostgreSQLBackend:
     reruns_owned_writes: Final = True
     lazy_read_begin: Final = None
     combines_writes: Final = True
+    fast_path_driver: Final = ("psycopg", "pyformat")
+    names_statements: Final = True
     statement_options: Final = _KEEP_ROWCOUNT
 
     def in_memory(self, url: URL) -> bool:
@@ -75,6 +77,17 @@ class PostgreSQLBackend:
 
     def driver_in_transaction(self, conn: Connection) -> bool | None:
         return postgresql.driver_in_transaction(conn)
+
+    def storage_condition(self, errors: list[BaseException]) -> tuple[str, bool] | None:
+        return postgresql.storage_condition(errors)
+
+    def missing_table(self, errors: list[BaseException]) -> bool:
+        return postgresql.missing_table(errors)
+
+    def named_statements(self, driver: Any) -> NamedStatements | None:
+        """:class:`~scheduler.backends.postgresql.server_statements.ServerStatements` where the
+        session writes strings as psycopg binds them (``server_statements.connection_fits``)."""
+        return ServerStatements() if connection_fits(driver) else None
 
     def counts_differed(self, error: BaseException) -> bool:
         return counts_differed(error)

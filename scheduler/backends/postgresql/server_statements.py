@@ -34,14 +34,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from scheduler.store.plumbing.write_batch import KEPT_WRITES_CHANGED
+
 _PLACEHOLDER: Final = re.compile(r"%\((\w+)\)s|%%")
 NAME_PREFIX: Final = "scheduler_"
 STATEMENT_GONE: Final = "26000"
 """SQLSTATE ``invalid_sql_statement_name``: an ``EXECUTE`` of a name the session no longer has."""
-KEPT_WRITES_CHANGED: Final = "scheduler:kept-writes-changed"
-"""The text a checked combined write casts to an integer when a write's count is not the one
-expected (``write_batch.combined(..., checked=True)``): the error aborts the transaction before
-the ``COMMIT`` sent with it."""
 CANNOT_PREPARE: Final = "42"
 """SQLSTATE class of a statement PostgreSQL cannot prepare (syntax, types): it stays unnamed."""
 MAX_NAMES: Final = 512
@@ -50,7 +48,7 @@ MAX_NAMES: Final = 512
 
 def counts_differed(error: BaseException) -> bool:
     """Whether ``error`` (a driver error, or SQLAlchemy's wrapping of one) is a checked combined
-    write's refusal (:data:`KEPT_WRITES_CHANGED`)."""
+    write's refusal (``write_batch.KEPT_WRITES_CHANGED``)."""
     driver_error = getattr(error, "orig", error)
     return getattr(driver_error, "sqlstate", None) == "22P02" and KEPT_WRITES_CHANGED in str(driver_error)
 
@@ -138,6 +136,34 @@ class ServerStatements:
     def _room(self) -> bool:
         return len(self._names) + len(self._wanted) < MAX_NAMES
 
+    @staticmethod
+    def execute_text(
+        name: str,
+        order: Sequence[str],
+        arguments: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        begin: str | None,
+        commit: bool,
+    ) -> str | None:
+        """The simple-protocol query running ``name`` once per parameter set, after ``begin`` and
+        before ``COMMIT`` when given; ``None`` if a value cannot be a literal."""
+        sets = [arguments] if isinstance(arguments, Mapping) else arguments
+        parts = [] if begin is None else [begin]
+        for values in sets:
+            rendered: list[str] = []
+            for key in order:
+                text = literal(values[key])
+                if text is None:
+                    return None
+                rendered.append(text)
+            parts.append(f"EXECUTE {name}({','.join(rendered)})" if rendered else f"EXECUTE {name}")
+        if commit:
+            parts.append("COMMIT")
+        return "; ".join(parts)
+
+    def lost(self, error: BaseException) -> bool:
+        """Whether ``error`` is SQLSTATE 26000 (:data:`STATEMENT_GONE`)."""
+        return getattr(error, "sqlstate", None) == STATEMENT_GONE
+
     def prepare_wanted(self, cursor: Any) -> None:
         """``PREPARE`` each statement noted since, one at a time, on an idle connection in
         autocommit (a statement PostgreSQL cannot prepare stays on psycopg's path)."""
@@ -161,26 +187,3 @@ class ServerStatements:
             else:
                 self._names[sql] = (name, order)
 
-
-def execute_text(
-    name: str,
-    order: Sequence[str],
-    arguments: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-    begin: str | None,
-    commit: bool,
-) -> str | None:
-    """The simple-protocol query running ``name`` once per parameter set, after ``begin`` and
-    before ``COMMIT`` when given; ``None`` if a value cannot be a literal."""
-    sets = [arguments] if isinstance(arguments, Mapping) else arguments
-    parts = [] if begin is None else [begin]
-    for values in sets:
-        rendered: list[str] = []
-        for key in order:
-            text = literal(values[key])
-            if text is None:
-                return None
-            rendered.append(text)
-        parts.append(f"EXECUTE {name}({','.join(rendered)})" if rendered else f"EXECUTE {name}")
-    if commit:
-        parts.append("COMMIT")
-    return "; ".join(parts)

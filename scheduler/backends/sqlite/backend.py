@@ -85,6 +85,18 @@ BEGIN_READ = "BEGIN"
 # ----------------------------------------------------------------- transactions
 
 
+NO_SUCH_TABLE: Final = "no such table:"
+"""How SQLite reports a statement naming a table that does not exist (result code SQLITE_ERROR)."""
+
+
+def missing_table(errors: list[BaseException]) -> bool:
+    """Whether a statement of the cause chain named a table that does not exist."""
+    return any(
+        getattr(error, "sqlite_errorname", None) == "SQLITE_ERROR" and str(error).startswith(NO_SUCH_TABLE)
+        for error in errors
+    )
+
+
 def driver_in_transaction(conn: Connection) -> bool | None:
     """Whether the driver's SQLite connection is inside a transaction (``None``: cannot tell;
     pysqlite or aiosqlite)."""

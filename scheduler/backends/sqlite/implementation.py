@@ -16,10 +16,11 @@ from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, bindp
 from sqlalchemy.engine import URL
 from sqlalchemy.sql import ColumnElement
 
-from scheduler.backends.interface import Backend, CycleRead, SettleTactic
+from scheduler.backends.interface import Backend, CycleRead, NamedStatements, SettleTactic
 from scheduler.backends.sqlite import backend as sqlite
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.capabilities.claim_writes import claim_serially
+from scheduler.store.plumbing.failures import lost_connection
 
 if TYPE_CHECKING:
     from scheduler.store.capabilities.claim_plan import ClaimContention
@@ -50,6 +51,8 @@ class SQLiteBackend:
     reruns_owned_writes: Final = False
     lazy_read_begin: Final = sqlite.BEGIN_READ
     combines_writes: Final = False
+    fast_path_driver: Final = ("pysqlite", "qmark")
+    names_statements: Final = False
     statement_options: Final = _NO_OPTIONS
 
     def in_memory(self, url: URL) -> bool:
@@ -73,6 +76,16 @@ class SQLiteBackend:
 
     def driver_in_transaction(self, conn: Connection) -> bool | None:
         return sqlite.driver_in_transaction(conn)
+
+    def storage_condition(self, errors: list[BaseException]) -> tuple[str, bool] | None:
+        """Only a lost connection: SQLite's own codes are the neutral storage codes."""
+        return lost_connection(errors)
+
+    def missing_table(self, errors: list[BaseException]) -> bool:
+        return sqlite.missing_table(errors)
+
+    def named_statements(self, driver: Any) -> NamedStatements | None:
+        return None
 
     def counts_differed(self, error: BaseException) -> bool:
         return False  # no write is ever combined with another

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
+from scheduler.backends.interface import Backend
 from scheduler.backends.sqlite.backend import BEGIN_READ, FILE_PRAGMAS, JOURNAL_MODE
 from scheduler.backends.sqlite.backend import begin_transaction as begin_sqlite_transaction
 from scheduler.contract.errors import SchedulerKernelError
@@ -58,6 +59,7 @@ class OpenProgress:
 
     committing: bool = False  # a COMMIT (or journal mode switch) is running: outcome unknown
     committed: bool = False  # something was committed (an upgrade, the WAL switch)
+    backend: Backend | None = None  # the opened database's (None: one the store does not support)
 
     @contextmanager
     def commit(self) -> Iterator[None]:
@@ -75,6 +77,7 @@ class OpenProgress:
         written = self.committed or self.committing
         return classify_storage_failure(
             cause,
+            self.backend,
             phase="open",
             commit_state="unknown" if written else "not_committed",
             contention_state="unknown" if self.committed else "not_committed",

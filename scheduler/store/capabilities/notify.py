@@ -30,7 +30,7 @@ def _run_guarded(runner: NestedRunner, body: Callable[[], None]) -> None:
             raise
         except Exception as error:
             classified = classify_storage_failure(
-                error, phase="write", commit_state="unknown", owns_transaction=False
+                error, runner.backend, phase="write", commit_state="unknown", owns_transaction=False
             )
             if classified is None:
                 raise

@@ -2,9 +2,10 @@
 
 A storage code anywhere in an error's cause chain (an ``OSError`` errno, a SQLite result code
 name from ``sqlite_errorname``) becomes ``SCHEDULER_STORAGE_UNAVAILABLE`` with
-``{phase, storageCode, commitState, retryable}``. The SQLite result codes live here; the
-PostgreSQL SQLSTATEs (and a connection lost without one, ``CONNECTION_LOST``) are classified by
-``dialects/postgresql.py``; the capability modules stay dialect-free.
+``{phase, storageCode, commitState, retryable}``. The SQLite result codes and a lost connection
+(``CONNECTION_LOST``) live here; a server's own failures (PostgreSQL's SQLSTATEs) are classified
+by the backend the caller names (:meth:`scheduler.backends.interface.Backend.storage_condition`);
+the capability modules stay dialect-free.
 
 ``retryable`` (API §8) is ``True`` only for contention (``SQLITE_BUSY``/``SQLITE_LOCKED``) when
 nothing can have been committed and the store owns the transaction; never for a SQLite busy
@@ -14,10 +15,13 @@ snapshot, which cannot succeed until the enclosing transaction is restarted.
 from __future__ import annotations
 
 import errno
-from typing import Final, Literal
+import socket
+from typing import TYPE_CHECKING, Final, Literal
 
-from scheduler.backends.postgresql import backend as postgresql
 from scheduler.contract.errors import SchedulerKernelError
+
+if TYPE_CHECKING:
+    from scheduler.backends.interface import Backend
 
 STORAGE_UNAVAILABLE = "SCHEDULER_STORAGE_UNAVAILABLE"
 STORAGE_FAILURE_CODES = (
@@ -48,8 +52,20 @@ BUSY_SNAPSHOT = "SQLITE_BUSY_SNAPSHOT"
 _KEPT_EXTENDED_CODES = (BUSY_SNAPSHOT,)
 
 CommitState = Literal["not_committed", "unknown"]
-IN_FAILED_TRANSACTION: Final = postgresql.IN_FAILED_TRANSACTION
-"""The storage code of a transaction aborted by an earlier failed statement (PostgreSQL 25P02)."""
+IN_FAILED_TRANSACTION: Final = "25P02"
+"""The storage code of a transaction aborted by an earlier failed statement (PostgreSQL's
+SQLSTATE 25P02; only a caller's transaction reaches the store in that state): not retryable until
+the caller rolls it back."""
+CONNECTION_LOST: Final = "CONNECTION_LOST"
+"""The storage code of a connection lost without a code of the server's (retryable)."""
+_NETWORK_ERRNOS: Final = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "EPIPE", "ETIMEDOUT",
+        "EHOSTUNREACH", "EHOSTDOWN", "ENETUNREACH", "ENETDOWN",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
 
 
 def _normalized(value: object, codes: tuple[str, ...]) -> str | None:
@@ -66,6 +82,26 @@ def _own_codes(error: BaseException) -> list[object]:
     if isinstance(error, OSError) and error.errno is not None:
         codes.append(errno.errorcode.get(error.errno))
     return codes
+
+
+def is_network_error(error: BaseException) -> bool:
+    """The server could not be reached or dropped the socket: asyncpg raises the ``OSError``
+    itself (connection refused, reset, unreachable host, a connect timeout, an unknown host),
+    where psycopg raises an ``OperationalError`` without a SQLSTATE."""
+    if isinstance(error, (ConnectionError, TimeoutError, socket.gaierror)):
+        return True
+    return isinstance(error, OSError) and error.errno in _NETWORK_ERRNOS
+
+
+def lost_connection(errors: list[BaseException]) -> tuple[str, bool] | None:
+    """(``CONNECTION_LOST``, retryable) where a cause chain holding no server code tells of a lost
+    connection (SQLAlchemy invalidated it, or a network ``OSError``); ``None`` otherwise: the
+    storage condition of a backend without codes of its own."""
+    if any(getattr(error, "connection_invalidated", False) is True for error in errors):
+        return CONNECTION_LOST, True
+    if any(is_network_error(error) for error in errors):
+        return CONNECTION_LOST, True
+    return None
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -130,6 +166,7 @@ def storage_unavailable(
 
 def classify_storage_failure(
     error: BaseException,
+    backend: Backend | None,
     *,
     phase: str,
     commit_state: CommitState,
@@ -140,9 +177,12 @@ def classify_storage_failure(
 
     ``commit_state`` is what is known of the transaction; ``contention_state`` may prove more
     for lock contention (a busy statement or COMMIT changed nothing). Contention is retryable
-    only when nothing was committed and ``owns_transaction`` (API §8).
+    only when nothing was committed and ``owns_transaction`` (API §8). ``backend`` classifies its
+    server's own failures (``None``: a database the store does not support, whose chain can only
+    tell of a lost connection).
     """
-    server = postgresql.storage_condition(_chain(error))
+    chain = _chain(error)
+    server = lost_connection(chain) if backend is None else backend.storage_condition(chain)
     if server is not None:
         code, retryable_cause = server
         retryable = retryable_cause and owns_transaction and commit_state == "not_committed"
@@ -160,24 +200,14 @@ def classify_storage_failure(
     return storage_unavailable(phase=phase, storage_code=contention, commit_state=state, retryable=retryable)
 
 
-SQLITE_NO_SUCH_TABLE = "no such table:"
-"""How SQLite reports a statement naming a table that does not exist (result code SQLITE_ERROR)."""
-
-
-def missing_tables(error: BaseException, schema: str) -> SchedulerKernelError | None:
+def missing_tables(error: BaseException, schema: str, backend: Backend) -> SchedulerKernelError | None:
     """``SCHEDULER_SCHEMA_UNKNOWN`` when a statement on a caller's connection (``on_connection``)
-    found no scheduler table in ``schema`` (PostgreSQL SQLSTATE 42P01, SQLite "no such table"):
+    found no scheduler table in ``schema`` (:meth:`~scheduler.backends.interface.Backend.missing_table`):
     not a scheduler database, or one ``open_store`` never created; ``None`` otherwise.
 
     Only the runners of a caller's connection ask: ``open_store`` verifies the catalog itself.
     """
-    chain = _chain(error)
-    sqlite_missing = any(
-        getattr(current, "sqlite_errorname", None) == "SQLITE_ERROR"
-        and str(current).startswith(SQLITE_NO_SUCH_TABLE)
-        for current in chain
-    )
-    if not sqlite_missing and not postgresql.has_sqlstate(chain, postgresql.UNDEFINED_TABLE):
+    if not backend.missing_table(_chain(error)):
         return None
     found = SchedulerKernelError(
         "SCHEDULER_SCHEMA_UNKNOWN",

@@ -36,12 +36,8 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import SQLAlchemyError
 
-from scheduler.backends.postgresql.server_statements import (
-    STATEMENT_GONE,
-    ServerStatements,
-    connection_fits,
-    execute_text,
-)
+from scheduler.backends import backend_for, backend_named, is_supported
+from scheduler.backends.interface import NamedStatements
 from scheduler.store.plumbing import library_internals as internals
 from scheduler.store.plumbing import statement_plans
 from scheduler.store.plumbing.library_internals import InternalsUnavailable
@@ -61,14 +57,13 @@ _IDLE: Final = 0
 _IN_ERROR: Final = 3
 _THRESHOLD_KEPT: Final = "scheduler.prepare_threshold"
 _NAMED: Final = "scheduler.named_statements"
-# (dialect, driver, parameter style) the fast path runs statements for.
-_DRIVERS: Final = frozenset({("sqlite", "pysqlite", "qmark"), ("postgresql", "psycopg", "pyformat")})
 
 
 class FastPath:
     """The compiled plans of one store connection's dialect and schema, and a reused driver cursor."""
 
     __slots__ = (
+        "_backend",
         "_cursor",
         "_dbapi",
         "_dialect",
@@ -83,11 +78,12 @@ class FastPath:
 
     def __init__(self, dialect: Dialect, translate_map: SchemaMap | None = None) -> None:
         self._dialect = dialect
+        self._backend = backend_for(dialect)
         self._translate_map = translate_map
         self._plans: dict[tuple[Prepared, tuple[str, ...] | None, bool], Plan | None] = {}
         self._dbapi: Any = None
         self._cursor: Any = None
-        self._server: ServerStatements | None = None
+        self._server: NamedStatements | None = None
         """Named server-side statements of the bound psycopg connection (``serve_named``)."""
         self._server_dbapi: Any = None
         self._threshold_kept: Any = None
@@ -102,7 +98,9 @@ class FastPath:
         driver) whose plans address the scheduler's tables through ``translate_map`` (``None``:
         unqualified)."""
         dialect = conn.dialect
-        if (dialect.name, dialect.driver, dialect.paramstyle) not in _DRIVERS:
+        if not is_supported(dialect.name):
+            return None
+        if (dialect.driver, dialect.paramstyle) != backend_named(dialect.name).fast_path_driver:
             return None
         try:
             internals.connection_supported(conn)
@@ -132,8 +130,8 @@ class FastPath:
 
     def serve_named(self) -> None:
         """Use named server-side statements on the connections of a store-owned runner
-        (psycopg only; :mod:`scheduler.backends.postgresql.server_statements`)."""
-        self._owned = self._dialect.name == "postgresql" and self._dialect.driver == "psycopg"
+        (``Backend.names_statements``: PostgreSQL's psycopg)."""
+        self._owned = self._backend.names_statements
 
     def _bind_server_statements(self, conn: Connection, dbapi: Any) -> None:
         """A driver connection the store has not named statements on yet (on an idle connection).
@@ -151,13 +149,13 @@ class FastPath:
         self._server = None
         record = conn.connection.info
         threshold = record.setdefault(_THRESHOLD_KEPT, getattr(dbapi, "prepare_threshold", None))
-        if threshold is None or not connection_fits(dbapi):
+        server = None if threshold is None else self._backend.named_statements(dbapi)
+        if server is None:
             return
         try:
             held = internals.psycopg_prepared_count(dbapi)
         except InternalsUnavailable:
             return  # psycopg's own prepared statements, unnamed BEGIN and COMMIT
-        server = ServerStatements()
         # Deallocated with the first PREPAREs, in autocommit (FastPath.defer_begin).
         server.deallocate_first = bool(held or record.get(_NAMED))
         dbapi.prepare_threshold = None
@@ -348,7 +346,7 @@ class FastPath:
     def _run_named(
         self,
         conn: Connection,
-        server: ServerStatements,
+        server: NamedStatements,
         cursor: Any,
         text: str,
         plan: Plan,
@@ -377,7 +375,7 @@ class FastPath:
         return rows, count
 
     def _named_failed(
-        self, conn: Connection, server: ServerStatements, error: BaseException, text: str, cursor: Any
+        self, conn: Connection, server: NamedStatements, error: BaseException, text: str, cursor: Any
     ) -> NoReturn:
         """A named statement's failure: a server error leaves the transaction open and aborted, so
         a ``COMMIT`` sent after it was not run; a statement name the session lost runs the call
@@ -385,7 +383,7 @@ class FastPath:
         sqlstate = getattr(error, "sqlstate", None)
         if sqlstate is not None and self._dbapi.info.transaction_status == _IN_ERROR:
             self.commit_sent = False
-        if sqlstate == STATEMENT_GONE:
+        if server.lost(error):
             server.forget()
             if self._dbapi.autocommit:  # a store-owned transaction: nothing of it is kept
                 raise RestartTransaction from error
@@ -451,7 +449,8 @@ class FastPath:
             if named is None:
                 return None
             last = index == 1
-            text = execute_text(*named, arguments, None if last else server.pending_begin, commit and last)
+            begin = None if last else server.pending_begin
+            text = server.execute_text(*named, arguments, begin, commit and last)
             if text is None:
                 return None
             texts.append(text)
@@ -496,7 +495,7 @@ class FastPath:
         if server is not None:
             named = server.named(sql)
             if named is not None:
-                text = execute_text(*named, arguments, server.pending_begin, commit)
+                text = server.execute_text(*named, arguments, server.pending_begin, commit)
                 if text is not None:
                     return self._run_named(conn, server, cursor, text, plan, commit)
             self.ensure_begun(conn)

@@ -106,8 +106,8 @@ class NestedRunner(RunnerBase):
             if isinstance(error, SchedulerKernelError):
                 raise
             classified = classify_storage_failure(
-                error, phase="read", commit_state="not_committed", owns_transaction=False
-            ) or missing_tables(error, self.target.schema)
+                error, self.backend, phase="read", commit_state="not_committed", owns_transaction=False
+            ) or missing_tables(error, self.target.schema, self.backend)
             if classified is None:
                 raise
             raise classified from error
@@ -152,12 +152,13 @@ class NestedRunner(RunnerBase):
             enclosing_gone = not rolled_back and self.backend.driver_in_transaction(self.conn) is False
             classified = classify_storage_failure(
                 error,
+                self.backend,
                 phase="write",
                 commit_state="not_committed" if rolled_back or enclosing_gone else "unknown",
                 owns_transaction=False,
             )
             if classified is None:
-                missing = missing_tables(error, self.target.schema)
+                missing = missing_tables(error, self.target.schema, self.backend)
                 if missing is None:
                     raise
                 raise missing from error
@@ -209,7 +210,7 @@ class NestedRunner(RunnerBase):
             return self.conn.begin_nested()
         except Exception as error:  # e.g. SQLITE_BUSY: another connection holds the write lock
             classified = classify_storage_failure(
-                error, phase=phase, commit_state="not_committed", owns_transaction=False
+                error, self.backend, phase=phase, commit_state="not_committed", owns_transaction=False
             )
             if classified is None:
                 raise

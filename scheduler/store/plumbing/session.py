@@ -107,7 +107,9 @@ class OwnedRunner(RunnerBase):
                 self.session_setup(self.conn)
                 self._prepared_driver = driver
         except Exception as error:
-            classified = classify_storage_failure(error, phase="write", commit_state="not_committed")
+            classified = classify_storage_failure(
+                error, self.backend, phase="write", commit_state="not_committed"
+            )
             if classified is None:
                 raise
             raise classified from error
@@ -176,7 +178,10 @@ class OwnedRunner(RunnerBase):
             # "not_committed" (seed: _write).
             sent = returned or (fast is not None and fast.commit_sent)
             classified = classify_storage_failure(
-                error, phase="write", commit_state="not_committed" if closed and not sent else "unknown"
+                error,
+                self.backend,
+                phase="write",
+                commit_state="not_committed" if closed and not sent else "unknown",
             )
             if classified is None:
                 raise
@@ -294,7 +299,7 @@ class OwnedRunner(RunnerBase):
         except Exception as error:  # e.g. SQLITE_BUSY: nothing ran yet, the block may be retried
             closed = self._rollback(transaction)
             classified = classify_storage_failure(
-                error, phase="write", commit_state="not_committed" if closed else "unknown"
+                error, self.backend, phase="write", commit_state="not_committed" if closed else "unknown"
             )
             if classified is None:
                 raise
@@ -311,6 +316,7 @@ class OwnedRunner(RunnerBase):
             closed = self._rollback(transaction)
             classified = classify_storage_failure(
                 error,
+                self.backend,
                 phase="commit",
                 commit_state="not_committed" if closed and not notified else "unknown",
                 owns_transaction=False,

@@ -32,9 +32,13 @@ from sqlalchemy import BigInteger, Integer, and_, bindparam, case, cast, func, i
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
-from scheduler.backends.postgresql.server_statements import KEPT_WRITES_CHANGED
 from scheduler.schema import tables as t
 from scheduler.store.plumbing.statement_plans import STATEMENTS_LOCK, Prepared
+
+KEPT_WRITES_CHANGED: Final = "scheduler:kept-writes-changed"
+"""The text a checked combined write casts to an integer when a write's count is not the one
+expected (``combined(..., checked=True)``): the error aborts the transaction before a ``COMMIT``
+sent with it (the backend recognizes it: ``Backend.counts_differed``)."""
 
 EVENT_COLUMNS: Final = (
     "job_id",
@@ -109,10 +113,10 @@ def combined(statements: tuple[Prepared, ...], *, checked: int = 0) -> Prepared:
     with explicit values) as a data-modifying ``WITH`` part; its one row holds each part's count
     of rows written, in order (columns ``w0``, ``w1``, …). Built once per combination.
 
-    ``checked``: the statement fails (SQLSTATE 22P02 naming
-    ``server_statements.KEPT_WRITES_CHANGED``) unless each of its first ``checked`` parts wrote
-    the count bound as ``expected_w<n>`` (:func:`combined_parameters`), so a ``COMMIT`` sent after
-    it in the same query never follows a compare-and-set that missed."""
+    ``checked``: the statement fails (SQLSTATE 22P02 naming :data:`KEPT_WRITES_CHANGED`) unless
+    each of its first ``checked`` parts wrote the count bound as ``expected_w<n>``
+    (:func:`combined_parameters`), so a ``COMMIT`` sent after it in the same query never follows
+    a compare-and-set that missed."""
     with STATEMENTS_LOCK:  # module-level statements are shared by every thread
         return _combined(statements, checked)
 
