@@ -44,7 +44,7 @@ class Scale:
 SCALES = {
     "ci": Scale(
         name="ci",
-        kills=30,
+        kills=20,
         upgrade_kills=8,
         race_workers=4,
         race_occurrences=300,
@@ -54,6 +54,7 @@ SCALES = {
         full_disk_points=2,
         hostile_examples=60,
         thread_rounds=8,
+        outbox_kills=10,
     ),
     "full": Scale(
         name="full",
