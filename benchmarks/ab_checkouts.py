@@ -42,7 +42,8 @@ def _noop(occurrence: Any, ctx: Any) -> None:
     return None
 
 
-def _fill(store: Any, count: int) -> None:
+def fill_noop_queue(store: Any, count: int) -> None:
+    """Job ``noop`` and ``count`` of its occurrences, due now (``enqueue_many`` in chunks of 500)."""
     store.create_job(id="noop", kind="noop", authority=AUTHORITY)
     for start in range(0, count, 500):
         store.enqueue_many(
@@ -62,7 +63,7 @@ def _sqlite_enqueue(store: Any, ops: int) -> float:
 
 
 def _sqlite_claim_settle(store: Any, ops: int) -> float:
-    _fill(store, ops)
+    fill_noop_queue(store, ops)
     started = time.perf_counter()
     for _ in range(ops):
         held = store.claim_next(owner_id="w", lease_ms=60_000)
@@ -71,7 +72,7 @@ def _sqlite_claim_settle(store: Any, ops: int) -> float:
 
 
 def _sqlite_settle_and_claim(store: Any, ops: int) -> float:
-    _fill(store, ops + 1)
+    fill_noop_queue(store, ops + 1)
     held = store.claim_next(owner_id="w", lease_ms=60_000)
     started = time.perf_counter()
     for _ in range(ops):
@@ -101,7 +102,7 @@ def _pg_workers(url: str, ops: int, processes: int) -> float:
     schema = f"ab_{uuid.uuid4().hex[:12]}"
     try:
         with open_store(url, schema=schema) as store:
-            _fill(store, ops)
+            fill_noop_queue(store, ops)
         context = multiprocessing.get_context("spawn")
         done = context.Queue()
         start_at = time.time() + 3.0  # every process has opened its store by then

@@ -20,9 +20,9 @@ from types import FrameType
 from typing import Any
 
 import scheduler
+from benchmarks.ab_checkouts import fill_noop_queue
 
 ROOT = Path(scheduler.__file__).resolve().parent
-AUTHORITY = {"principal": {"type": "service", "id": "footprint"}}
 
 
 def modules_run_by(call: Callable[[], Any]) -> set[Path]:
@@ -42,8 +42,7 @@ def modules_run_by(call: Callable[[], Any]) -> set[Path]:
 
 
 def footprint(store: Any) -> dict[str, set[Path]]:
-    store.create_job(id="f", kind="f", authority=AUTHORITY)
-    store.enqueue_many([{"job_id": "f", "scheduled_for": 0, "trigger_key": f"k{n}"} for n in range(10)])
+    fill_noop_queue(store, 10)
     held = store.claim_next(owner_id="w", lease_ms=60_000)
     held = store.settle_and_claim(
         occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=60_000

@@ -32,7 +32,7 @@ from scheduler.store.plumbing.constructs import (
     server_clock_ms,
     server_instant,
 )
-from scheduler.store.plumbing.failures import CONNECTION_LOST, IN_FAILED_TRANSACTION, is_network_error
+from scheduler.store.plumbing.failures import CONNECTION_LOST, IN_FAILED_TRANSACTION, lost_connection
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.library_internals import InternalsUnavailable
 from scheduler.store.plumbing.statement_plans import Prepared
@@ -314,9 +314,7 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
             continue
         if type(error).__name__ in ("OperationalError", "InterfaceError"):
             return CONNECTION_LOST, True
-    if any(is_network_error(error) for error in errors):
-        return CONNECTION_LOST, True
-    return None
+    return lost_connection(errors)  # no server code: a network error, as on any backend
 
 
 def missing_table(errors: list[BaseException]) -> bool:
