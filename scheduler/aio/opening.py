@@ -88,8 +88,10 @@ def _target_url(target: Any) -> URL:
 def _own_engine(url: URL, timeout_ms: int) -> AsyncEngine:
     """The store's own engine: as ``open_store``'s for the backend, on the async driver."""
     try:
-        if not backend_named(url.get_backend_name()).own_schema:  # a database file, or memory
-            path = None if url.database in (None, "", MEMORY) else Path(str(url.database))
+        backend = backend_named(url.get_backend_name())
+        if not backend.own_schema:  # a database file, or memory
+            database = backend.database_file(url)
+            path = None if database is None else Path(database)
             engine = create_async_engine(url, **own_engine_options(path, timeout_ms))
             driver_begins_nothing(engine.sync_engine)
             return engine

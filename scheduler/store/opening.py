@@ -158,9 +158,8 @@ def _resolve(target: Any) -> Resolved:
             return Resolved(psycopg.render_as_string(hide_password=False), None, None)
         if not is_supported(url.get_backend_name()):  # SQLite: PostgreSQL's names were taken above
             raise invalid_argument("the scheduler store supports SQLite and PostgreSQL databases")
-        if url.database in (None, "", MEMORY):
-            return Resolved(target, None, None)
-        return Resolved(target, file_path(url.database), None)
+        database = backend_named(url.get_backend_name()).database_file(url)
+        return Resolved(target, None if database is None else file_path(database), None)
     if isinstance(target, (str, os.PathLike)):
         raw = os.fspath(target)
         path = file_path(raw if isinstance(raw, str) else os.fsdecode(raw))
