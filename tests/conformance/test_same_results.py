@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from backends import PostgresServer, unique_name
+from fastpath_support import Clock
 from recorded import T0
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
@@ -31,27 +32,13 @@ AUTHORITY = {
 OTHER_WORKSPACE = {"principal": {"type": "service", "id": "billing"}, "workspaceId": "ws-billing"}
 
 
-class Clock:
-    """An injected clock both stores read: the same instants on both, moved by the script."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
 class Side:
-    """One backend's store, its clock and the uuids it is given (the same sequence on both)."""
+    """One backend's store and its clock, which also gives it its uuids: the same instants, moved
+    by the script, and the same uuid sequence on both backends."""
 
     def __init__(self, open_at: Callable[..., SchedulerStore]) -> None:
         self.clock = Clock()
-        self.uuids = 0
-        self.store = open_at(clock=self.clock, uuid_factory=self.uuid)
-
-    def uuid(self) -> str:
-        self.uuids += 1
-        return f"00000000-0000-4000-8000-{self.uuids:012d}"
+        self.store = open_at(clock=self.clock, uuid_factory=self.clock.uuid)
 
 
 def plain(value: Any) -> Any:
