@@ -320,7 +320,6 @@ class Backend(Protocol):
     def leave_cycle_to_writes(
         self,
         tx: Tx,
-        claim: Callable[[], Any],
         request: SettleRequest,
         lease_ms: int,
         claim_filter: ClaimFilter,

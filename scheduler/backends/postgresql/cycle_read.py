@@ -3,21 +3,8 @@
 One statement does what the cycle's first two did: it locks the settled occurrence and reads
 it with its control, reservation and adjudication (``settlement.CURRENT_ROWS``), reads the
 server clock after that lock, and with that clock as ``now`` reads the queue's heads and locks a
-plain head (``claim_query.build_head_probe_and_lock``)::
-
-    WITH cycle_started AS MATERIALIZED (SELECT clock_timestamp() AS at),
-         locked_current AS MATERIALIZED (SELECT … FROM occurrences …
-                                         WHERE occurrence_id = :p_id
-                                           AND (SELECT at FROM cycle_started) IS NOT NULL
-                                         FOR UPDATE OF occurrences),
-         cycle_clock AS MATERIALIZED (SELECT <clock_timestamp() in ms> AS now,
-                                             <µs since cycle_started> AS waited_us
-                                      FROM (SELECT count(*) FROM locked_current) AS current_locked),
-         probe AS MATERIALIZED (<the head probe, now = (SELECT now FROM cycle_clock)>),
-         head AS (…), locked AS MATERIALIZED (…)
-    SELECT locked_current.* AS settled_*, cycle_clock.*, heads.*
-    FROM locked_current CROSS JOIN cycle_clock
-         LEFT OUTER JOIN (<heads and the locked head>) AS heads ON true
+plain head, as ``claim_query.build_head_probe_and_lock`` does: the statements ``cycle_read`` and
+``cycle_read_window`` of ``queries.sql``.
 
 The clock depends on the settled row being locked, and the probe on the clock, so PostgreSQL
 takes the lock first, then reads the clock (API §8), then the heads. The heads are read on the
@@ -40,13 +27,12 @@ reads the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status and 
 them: a head locked here on the statement's older snapshot is often one another worker claimed
 and committed meanwhile (PostgreSQL then locks its newest version, and the call would have to
 run again). The first free row of the window is locked and claimed by the call's writes
-statement (``window_pick``: two statements a contended cycle, as a quiet one), or, where its
-candidates are not all plain waiting rows, by a statement of its own
+statement (``cycle_window``: the whole cycle in one statement), or by a statement of its own
 (``claim_locks.lock_candidates``: ``LOCK_CANDIDATE_ROWS`` on a fresh snapshot; three statements,
 where reading the full candidate list made four). Since contended cycles also take this
 statement, a lock wait over :data:`MAX_WAIT_US` or a
 settled row changed meanwhile runs them again too, as it does quiet ones. The window
-(``claim_query.build_head_window``) replaces the probe and lock: no ``locked_*`` columns and no
+(``cycle_read_window``) replaces the probe and lock: no ``locked_*`` columns and no
 ``head_plain`` (with them, always NULL, the statement cost ~60 µs more server CPU per cycle).
 
 Each result row carries the settled row (``settled_<column>``, the same on every row) and one
@@ -56,130 +42,36 @@ are as the probe's rows.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, bindparam, exists, func, literal_column, select, true
-
-from scheduler.contract.constants import RUNNING
-from scheduler.schema import tables as t
-from scheduler.store.capabilities.claim_query import (
-    ClaimFilter,
-    Shape,
-    build_head_probe_and_lock,
-    build_head_window,
-    head_probe_params,
-)
+from scheduler.backends.postgresql import queries
+from scheduler.store.capabilities.claim_query import ClaimFilter
 from scheduler.store.capabilities.settlement import CURRENT_ROWS
-from scheduler.store.plumbing.constructs import micros_since, row_version, server_clock_ms, server_instant
-from scheduler.store.plumbing.statement_plans import STATEMENTS_LOCK, Prepared, StoredRow
+from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import RestartTransaction, Tx
 
 SETTLED_PREFIX: Final = "settled_"
 MAX_WAIT_US: Final = 2000
 """A lock wait longer than this (µs from the statement's start to the clock read) means the heads
-were read on a snapshot older than the call's clock by more than a statement's own run time."""
+were read on a snapshot older than the call's clock by more than a statement's own run time
+(``queries.sql`` writes it into the cycle statements: ``waited_us <= 2000``)."""
 
-_o = t.occurrences
-_as_read = t.occurrences.alias("settled_as_read")
 _CURRENT_NAMES: Final = tuple(column.name for column in CURRENT_ROWS.selected_columns)
 
 
-@dataclass(frozen=True, slots=True)
-class SettledLock:
-    """The statement's first CTEs: ``current`` (the settled row locked, with its control,
-    reservation, adjudication and ``row_version``), ``clock`` (``now`` read after that lock, and
-    ``waited_us``), ``now`` (``clock``'s ``now`` as a scalar), ``lease_held`` (the settlement's
-    lease is held at ``now``: binds ``p_owner``, ``p_fence``) and ``version_as_read`` (the settled
-    row's version on the statement's snapshot)."""
-
-    current: Any
-    clock: Any
-    now: Any
-    lease_held: Any
-    version_as_read: Any
-
-
-_SLIM_CURRENT: Final = (
-    "occurrence_id",
-    "status",
-    "lease_owner",
-    "fence",
-    "lease_expires_at",
-    "control_state",
-    "reservation_status",
-    "adjudication_status",
-)
-"""The columns of the settled row ``cycle_statement`` reads (it writes the rest from the row itself)."""
-
-
-def settled_lock(server_clock: bool, slim: bool = False) -> SettledLock:
-    """The settled row (bind ``p_id``) locked, then the clock read (the server's, else the bind
-    ``now``): the first steps of this statement and of ``cycle_statement``'s (``slim``: with only
-    the columns of :data:`_SLIM_CURRENT` and ``row_version``)."""
-    started = select(server_instant().label("at")).cte("cycle_started").prefix_with("MATERIALIZED")
-    started_at = select(started.c.at).scalar_subquery()
-    rows = CURRENT_ROWS
-    if slim:
-        rows = rows.with_only_columns(*[rows.selected_columns[name] for name in _SLIM_CURRENT])
-    current = (
-        rows.add_columns(row_version(_o).label("row_version"))
-        .where(_o.c.occurrence_id == bindparam("p_id"), started_at.is_not(None))
-        .with_for_update(of=_o)
-        .cte("locked_current")
-        .prefix_with("MATERIALIZED")
-    )
-    locked = select(func.count().label("rows")).select_from(current).subquery("current_locked")
-    now = server_clock_ms() if server_clock else bindparam("now", type_=BigInteger())
-    clock = (
-        select(now.label("now"), micros_since(started_at).label("waited_us"))
-        .select_from(locked)
-        .cte("cycle_clock")
-        .prefix_with("MATERIALIZED")
-    )
-    clock_now = select(clock.c.now).scalar_subquery()
-    # The head is locked only for a settlement that holds its lease (settlement._lease_held): a
-    # call that fails with SCHEDULER_LEASE_LOST never holds a row it does not claim.
-    lease_held = exists().where(
-        current.c.status == literal_column(f"'{RUNNING}'"),
-        current.c.lease_owner == bindparam("p_owner"),
-        current.c.fence == bindparam("p_fence"),
-        current.c.lease_expires_at > clock_now,
-    )
-    as_read = (
-        select(row_version(_as_read)).where(_as_read.c.occurrence_id == bindparam("p_id")).scalar_subquery()
-    )
-    return SettledLock(current, clock, clock_now, lease_held, as_read)
-
-
-def _build(shape: Shape, server_clock: bool, window: bool) -> Any:
-    settled = settled_lock(server_clock)
-    current, clock = settled.current, settled.clock
-    heads: Any
-    if window:  # a claim among workers: candidates to lock in a statement of their own
-        heads = build_head_window(shape, settled.now)
-    else:
-        heads = build_head_probe_and_lock(shape, now=settled.now, lock_if=settled.lease_held)
-    probed = heads.subquery("heads")
-    return select(
-        *[column.label(SETTLED_PREFIX + column.name) for column in current.c],
-        settled.version_as_read.label(SETTLED_PREFIX + "version_as_read"),
-        clock.c.now.label(SETTLED_PREFIX + "server_now"),
-        clock.c.waited_us.label(SETTLED_PREFIX + "waited_us"),
-        probed,
-    ).select_from(current.join(clock, true()).outerjoin(probed, true()))
-
-
-def _prepared(shape: Shape, server_clock: bool, window: bool) -> Prepared:
-    with STATEMENTS_LOCK:  # built from module-level statements every thread shares
-        return _built(shape, server_clock, window)
-
-
-@functools.cache
-def _built(shape: Shape, server_clock: bool, window: bool) -> Prepared:
-    return Prepared(_build(shape, server_clock, window), locks=True)
+def cycle_parameters(
+    tx: Tx, occurrence_id: str, owner_id: str, fence: int, claim_filter: ClaimFilter
+) -> dict[str, Any]:
+    """The parameters every statement of ``queries.sql`` takes: with the server clock
+    (``Tx.clock_unread``) ``now`` is NULL, and the statement reads the clock after its lock."""
+    parameters = queries.filter_parameters(claim_filter.kinds, claim_filter.workspace_id)
+    parameters["now"] = None if tx.clock_unread else tx.now
+    parameters["p_id"] = occurrence_id
+    parameters["p_owner"] = owner_id
+    parameters["p_fence"] = fence
+    return parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +94,8 @@ def read_cycle(
     injected clock's sample is ``now``. A call the store may run again only (a long lock wait
     restarts the call)."""
     server_clock = tx.clock_unread
-    params = head_probe_params(0 if server_clock else tx.now, claim_filter)
-    if server_clock:
-        del params["now"]  # the statement reads its own clock
-    params["p_id"] = occurrence_id
-    params["p_owner"] = owner_id
-    params["p_fence"] = fence
-    rows = tx.all(_prepared(claim_filter.shape, server_clock, window), params)
+    params = cycle_parameters(tx, occurrence_id, owner_id, fence, claim_filter)
+    rows = tx.all(queries.CYCLE_READ_WINDOW if window else queries.CYCLE_READ, params)
     if not rows:
         return CycleRead(None, ())
     first = rows[0]

@@ -141,7 +141,6 @@ class PostgreSQLBackend:
     def leave_cycle_to_writes(
         self,
         tx: Tx,
-        claim: Callable[[], Any],
         request: SettleRequest,
         lease_ms: int,
         claim_filter: ClaimFilter,
@@ -151,9 +150,7 @@ class PostgreSQLBackend:
         call was not run again after such a statement missed (``CallMode.as_one_statement``)."""
         if not (claim_tactics.picks_in_writes(tx) and tx.call.as_one_statement):
             return False
-        pending = cycle_statement.cycle_in_one_statement(
-            tx, claim, request, lease_ms, claim_filter, contention
-        )
+        pending = cycle_statement.cycle_in_one_statement(tx, request, lease_ms, claim_filter, contention)
         return pending is not None
 
     def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:

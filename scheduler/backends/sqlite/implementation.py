@@ -130,7 +130,6 @@ class SQLiteBackend:
     def leave_cycle_to_writes(
         self,
         tx: Tx,
-        claim: Callable[[], Any],
         request: SettleRequest,
         lease_ms: int,
         claim_filter: ClaimFilter,

@@ -34,7 +34,6 @@ backend that must lock a candidate before claiming it can try the candidates one
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -54,10 +53,8 @@ from sqlalchemy import (
     type_coerce,
     union_all,
 )
-from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.sqltypes import NullType
-from sqlalchemy.sql.util import ClauseAdapter
-from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.schema import tables as t
@@ -204,36 +201,7 @@ _ONE: Final[ColumnElement[int]] = literal_column("1")
 """``LIMIT 1`` written into the SQL (a plain ``.limit(1)`` is sent as a parameter)."""
 
 
-SLIM_COLUMNS: Final = (
-    "occurrence_id",
-    "status",
-    "attempt",
-    "max_attempts",
-    "fence",
-    "available_at",
-    "scheduled_for",
-)
-"""The occurrence columns of a slim probe (``slim=True``): what a statement that claims in SQL
-reads of its heads (their place in the seed's order, :func:`plain_sql` and ``version_sql``)."""
-
-_ANY_RETRY_REQUEST: Final = (
-    select(_r.c.request_id).where(_pending_retry(_r)).correlate_except(_r).limit(_ONE).scalar_subquery()
-)
-"""A pending requeue request of the row, if any (which one is not decided: NULL or not is what a
-slim probe's :func:`plain_sql` reads)."""
-
-
-def _columns(
-    arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[Any], slim: bool = False
-) -> list[Any]:
-    if slim:
-        return [
-            literal_column(f"'{arm}'").label("arm"),
-            *[o.c[name] for name in SLIM_COLUMNS],
-            _c.c.state.label("control_state"),
-            _ANY_RETRY_REQUEST.label("retry_request_id"),
-            job_ok.label("job_ok"),
-        ]
+def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[Any]) -> list[Any]:
     return [
         literal_column(f"'{arm}'").label("arm"),
         *o.c,
@@ -291,12 +259,12 @@ def _window_marker(marker: str) -> Select[Any]:
     return select(literal_column(f"'{marker}'").label("arm"), *occurrence, *[null()] * 5)
 
 
-def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool], slim: bool = False) -> Select[Any]:
+def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Select[Any]:
     """Up to ``:expired_limit`` expired leases the call can act on, in index order
     (:class:`~scheduler.store.plumbing.constructs.expiry_order`: lease expiry on PostgreSQL, the claim
     index's order on SQLite)."""
     return (
-        select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION, slim))
+        select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION))
         .select_from(_WITH_CONTROL)
         .where(
             o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"), actionable
@@ -316,44 +284,45 @@ def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
     return union_all(*arms, select(expired.subquery("expired")), *map(_window_marker, WINDOW_MARKERS))
 
 
-def _due_head(arm: str, jobs: ColumnElement[Any], heads: int, slim: bool = False) -> Select[Any]:
+def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
     """The first ``heads`` due index entries of a waiting status, eligible or not (their checks
     as columns).
 
-    More than one is read from ``occurrences`` alone first, then joined to the control, requeue
-    and job rows: with the limit and the joins in one query, a planner that estimates no more
-    due rows than the limit (a table not analyzed since it grew) joins every due row and sorts
-    them, a read as deep as the queue on every claim.
+    More than one is found in ``occurrences`` alone first, then joined to their rows, control,
+    requeue and job rows: with the limit and the joins in one query, a planner that estimates no
+    more due rows than the limit (a table not analyzed since it grew) joins every due row and
+    sorts them, a read as deep as the queue on every claim.
     """
     due = (o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
     if heads == 1:
         return (
-            select(*_columns(arm, jobs, null(), slim))
+            select(*_columns(arm, jobs, null()))
             .select_from(_WITH_CONTROL)
             .where(*due)
             .order_by(*_claim_order(o))
             .limit(_ONE)
         )
     first = (
-        (select(*[o.c[name] for name in SLIM_COLUMNS], o.c.job_id) if slim else select(o))
+        select(o.c.occurrence_id)
         .where(*due)
         .order_by(*_claim_order(o))
         .limit(literal_column(str(heads)))
         .subquery(f"first_{DUE_ARMS[arm]}")
     )
-    adapter = ClauseAdapter(first)
-    columns = [adapter.traverse(column) for column in _columns(arm, jobs, null(), slim)]
-    return select(*columns).select_from(first.outerjoin(_c, _c.c.occurrence_id == first.c.occurrence_id))
+    return select(*_columns(arm, jobs, null())).select_from(
+        first.join(o, o.c.occurrence_id == first.c.occurrence_id).outerjoin(
+            _c, _c.c.occurrence_id == o.c.occurrence_id
+        )
+    )
 
 
-def _build_head_probe(shape: Shape, heads: int = 1, slim: bool = False) -> CompoundSelect[Any]:
+def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
     jobs = job_filter(shape)
     untyped = type_coerce(jobs, NullType())  # job_ok as the driver returns it (as in _build_claim_next)
     arms: list[Any] = [
-        select(_due_head(arm, untyped, heads, slim).subquery(f"head_{status}"))
-        for arm, status in DUE_ARMS.items()
+        select(_due_head(arm, untyped, heads).subquery(f"head_{status}")) for arm, status in DUE_ARMS.items()
     ]
-    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)), slim)
+    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
     return union_all(*arms, select(expired.subquery("expired")))
 
 
@@ -369,68 +338,16 @@ def plain_sql(probe: Any) -> ColumnElement[bool]:
     )
 
 
-def locked_key_columns(table: Any) -> list[Any]:
-    """The columns of a locked head a claim in SQL reads: its key, fence and status."""
-    return [table.c.occurrence_id, table.c.fence, table.c.status]
-
-
 LOCKED_PREFIX: Final = "locked_"
 """The columns of the row :func:`head_probe_and_lock_prepared` locked: ``locked_<column>``."""
 
 
-def replace_binds(statement: Any, replace: Callable[[BindParameter[Any]], Any]) -> Any:
-    """A copy of ``statement`` with each bind parameter for which ``replace`` returns an element
-    replaced by it (``None``: kept)."""
-
-    def visit(element: Any) -> Any:
-        return replace(element) if isinstance(element, BindParameter) else None
-
-    replaced: Any = replacement_traverse(statement, {}, visit)  # type: ignore[call-overload]
-    return replaced
-
-
-def _with_now(statement: Any, now: ColumnElement[Any]) -> Any:
-    """``statement`` with ``now`` where it has the bind ``:now``."""
-    return replace_binds(statement, lambda element: now if element.key == "now" else None)
-
-
-def build_head_window(shape: Shape, now: ColumnElement[Any], slim: bool = False) -> CompoundSelect[Any]:
-    """The first :data:`HEAD_WINDOW` due entries of each waiting status and at most one expired
-    lease (:func:`head_window_prepared`'s rows), with ``now`` in place of the bind ``:now``;
-    ``slim``: only the columns of :data:`SLIM_COLUMNS` and :func:`plain_sql`."""
-    window: CompoundSelect[Any] = _with_now(_build_head_probe(shape, HEAD_WINDOW, slim), now)
-    return window
-
-
-@dataclass(frozen=True, slots=True)
-class HeadLock:
-    """The CTEs of :func:`build_head_probe_and_lock`: ``probe`` (the head probe's rows), ``head``
-    (the earliest due row, with ``plain``; none when something expired is to be acted on) and
-    ``locked`` (that head as locked, its newest version; none when it was not locked). The
-    window variant (``cycle_statement._window_and_lock``) has the window's rows in ``probe``,
-    their ranking in ``head`` and the first free candidate in ``locked``. Built ``slim``, the
-    probe has only the columns of :data:`SLIM_COLUMNS` and :func:`plain_sql`, and ``locked``
-    only :func:`locked_key_columns`."""
-
-    probe: Any
-    head: Any
-    locked: Any
-
-
-def head_probe_and_lock(
-    shape: Shape,
-    now: ColumnElement[Any] | None = None,
-    lock_if: ColumnElement[bool] | None = None,
-    slim: bool = False,
-) -> HeadLock:
-    """The head probe and the head locked ``FOR UPDATE SKIP LOCKED`` when nothing expired is to be
-    acted on and the head is :func:`plain_sql` (what the probe's reader would then lock next), as
-    CTEs. ``now``: an expression for the call's time in place of the bind ``:now``; ``lock_if``:
-    a further condition for locking the head."""
-    heads = _build_head_probe(shape, slim=slim)
-    if now is not None:
-        heads = _with_now(heads, now)
-    probe = heads.cte("probe").prefix_with("MATERIALIZED")
+def build_head_probe_and_lock(shape: Shape) -> Select[Any]:
+    """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
+    nothing expired is to be acted on and the head is :func:`plain_sql` (what the probe's reader
+    would then lock next). Every probe row comes back with the ``locked_*`` columns of the row as
+    locked (its newest version; NULL where nothing was locked) and ``head_plain``."""
+    probe = _build_head_probe(shape).cte("probe").prefix_with("MATERIALIZED")
     expired = probe.alias("probe_expired")
     head = (
         select(probe.c.occurrence_id, plain_sql(probe).label("plain"))
@@ -444,28 +361,17 @@ def head_probe_and_lock(
     )
     occurrences = t.occurrences
     locked = (
-        select(*(locked_key_columns(occurrences) if slim else occurrences.c))
-        .select_from(occurrences.join(head, occurrences.c.occurrence_id == head.c.occurrence_id))
-        .where(head.c.plain if lock_if is None else and_(head.c.plain, lock_if))
+        select(occurrences)
+        .join(head, occurrences.c.occurrence_id == head.c.occurrence_id)
+        .where(head.c.plain)
         .with_for_update(of=occurrences, skip_locked=True)
         .cte("locked")
         .prefix_with("MATERIALIZED")
     )
-    return HeadLock(probe, head, locked)
-
-
-def build_head_probe_and_lock(
-    shape: Shape, now: ColumnElement[Any] | None = None, lock_if: ColumnElement[bool] | None = None
-) -> Select[Any]:
-    """The head probe, and the head locked in the same statement (:func:`head_probe_and_lock`).
-    Every probe row comes back with the ``locked_*`` columns of the row as locked (its newest
-    version; NULL where nothing was locked) and ``head_plain``."""
-    parts = head_probe_and_lock(shape, now, lock_if)
-    probe, locked = parts.probe, parts.locked
     return select(
         probe,
         *[locked.c[column.name].label(LOCKED_PREFIX + column.name) for column in t.occurrences.c],
-        select(parts.head.c.plain).scalar_subquery().label("head_plain"),
+        select(head.c.plain).scalar_subquery().label("head_plain"),
     ).select_from(probe.outerjoin(locked, locked.c.occurrence_id == probe.c.occurrence_id))
 
 

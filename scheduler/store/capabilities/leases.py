@@ -26,7 +26,6 @@ from scheduler.store.capabilities.claim_query import (
 from scheduler.store.capabilities.claim_writes import (
     RENEW,
     Claims,
-    guarded_claim_update,
     lease_expiry,
     sweep_expired,
 )
@@ -121,7 +120,7 @@ def settle_and_claim_in(
 ) -> SettledAndClaimed:
     """``settle_in`` then ``claim_in`` for the same owner, with the transaction's one ``now``."""
     backend = tx.backend
-    if backend.leave_cycle_to_writes(tx, guarded_claim_update, request, lease_ms, claim_filter, contention):
+    if backend.leave_cycle_to_writes(tx, request, lease_ms, claim_filter, contention):
         _finish_with_pick(tx)  # the whole call is its writes statement
         return cast(SettledAndClaimed, None)  # replaced by tx.finish once the statement ran
     events = EventLog(tx)  # both halves' events, in order, written with one INSERT

@@ -104,13 +104,6 @@ def _settle_update(*, guarded: bool) -> Any:
     return statement.where(_NO_AUX_ROWS) if guarded else statement
 
 
-def guarded_settle_update() -> Any:
-    """A fresh copy of ``_SETTLE_GUARDED``'s statement, for ``cycle_statement`` to build on (a copy
-    of a shared statement, once compiled, keeps its memoized column collections: see
-    ``claim_writes.guarded_claim_update``)."""
-    return _settle_update(guarded=True)
-
-
 _NO_AUX_ROWS: Final = and_(
     *(~exists().where(table.c.occurrence_id == _o.c.occurrence_id) for table in (_c, _res, _adj))
 )
