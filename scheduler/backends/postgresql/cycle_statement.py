@@ -37,10 +37,9 @@ Among workers that hold the first candidates (``ClaimContention`` not quiet) the
 the window of heads instead of the head (:func:`_window_and_lock`): the candidates
 ``claim_plan.window_plan`` yields, in the seed's order, up to the first row that is not plain and
 no further than the last row of an arm that may hold unread rows; the first one free is locked
-``SKIP LOCKED`` at its version as read, as ``window_pick`` locks it in a contended cycle's writes
-statement. A row passed over because its version changed stays locked until the ``COMMIT`` in
-the same round trip. The claimed row's place (``c_position``) tells ``ClaimContention`` whether
-the first candidate was free.
+``SKIP LOCKED`` at its version as read (:func:`_version_sql`). A row passed over because its
+version changed stays locked until the ``COMMIT`` in the same round trip. The claimed row's
+place (``c_position``) tells ``ClaimContention`` whether the first candidate was free.
 
 The check (``write_batch.count_check``) fails the statement, and the ``COMMIT`` with it, unless
 the settlement wrote its row and either the head was claimed or nothing is due; the call then
@@ -76,7 +75,6 @@ from sqlalchemy.sql.elements import BindParameter
 
 from scheduler.backends.postgresql.claim_locks import ClaimContention
 from scheduler.backends.postgresql.cycle_read import MAX_WAIT_US, settled_lock
-from scheduler.backends.postgresql.window_pick import CLAIMED, claim_data_json, claim_data_sql, version_sql
 from scheduler.contract.constants import MAX_SAFE_INTEGER, SUCCEEDED
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.authority import LOCK_OCCURRENCE
@@ -104,9 +102,21 @@ from scheduler.store.plumbing.write_batch import EVENT_COLUMNS, count_check
 from scheduler.store.records import Occurrence, SettledAndClaimed
 
 SETTLED: Final = "occurrence_succeeded"
+CLAIMED: Final = "occurrence_claimed"
 _o = t.occurrences
 _NAMES: Final = tuple(column.name for column in _o.c)
 _MAX_SAFE: Final[Any] = literal_column(str(MAX_SAFE_INTEGER))
+
+
+def _version_sql(table: Any) -> Any:
+    """``id:fence:status:attempt:available_at:scheduled_for`` of a row: one value that changes
+    whenever a candidate's claim would (the fence, attempt and times are integers and no status
+    contains ``:``, so it is unambiguous)."""
+    expression: Any = table.c.occurrence_id
+    for name in ("fence", "status", "attempt", "available_at", "scheduled_for"):
+        value = table.c[name]
+        expression = expression + literal_column("':'") + (value if name == "status" else cast(value, String))
+    return expression
 
 
 def _succeeded(lock: Any) -> Any:
@@ -143,7 +153,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
     ``FOR UPDATE SKIP LOCKED`` at its version as read (``locked``, with its ``position`` in the
     seed's order, 1 for the first). The candidates are the window's due rows in that order, as
     ``claim_plan.window_plan`` yields them, cut before the first row that is not plain
-    (``claim_query.plain_sql``: a row ``window_pick`` would not claim in SQL either) and after the
+    (``claim_query.plain_sql``: the Python path claims such a row) and after the
     last row of an arm that returned ``HEAD_WINDOW`` rows (past it the order is unknown); none
     when an expired lease is to be acted on. A candidate another transaction holds is passed over,
     and so is one changed since the snapshot: PostgreSQL checks the version again on the row it
@@ -154,7 +164,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
     ranked = (
         select(
             probe.c.occurrence_id,
-            version_sql(probe).label("version"),
+            _version_sql(probe).label("version"),
             plain_sql(probe).is_(True).label("plain"),
             func.row_number().over(order_by=key).label("position"),
             func.row_number().over(partition_by=probe.c.arm, order_by=key).label("arm_rank"),
@@ -182,7 +192,7 @@ def _window_and_lock(shape: Shape, now: Any, lock_if: Any) -> HeadLock:
         .where(
             ranked.c.plain,
             ranked.c.position <= func.coalesce(last, ranked.c.position),
-            version_sql(occurrences) == ranked.c.version,
+            _version_sql(occurrences) == ranked.c.version,
             lock_if,
         )
         .order_by(ranked.c.position)
@@ -210,12 +220,12 @@ def _claimed(claim: Any, probe: Any, locked: Any, now: Any, expires: Any) -> Any
         return values.get(element.key)
 
     probed = (
-        select(version_sql(probe)).where(probe.c.occurrence_id == locked.c.occurrence_id).scalar_subquery()
+        select(_version_sql(probe)).where(probe.c.occurrence_id == locked.c.occurrence_id).scalar_subquery()
     )
     return (
         replace_binds(claim, replace)
         .where(
-            version_sql(_o) == probed,
+            _version_sql(_o) == probed,
             _o.c.lease_owner.is_(None),
             expires <= _MAX_SAFE,
         )
@@ -239,6 +249,23 @@ def _settled_data_sql(settled: Any) -> Any:
 def settled_data_json(attempt: int, max_attempts: int) -> str:
     """:func:`_settled_data_sql` as Python text (the canonical JSON of the same dict)."""
     return f'{{"attempt":{attempt},"maxAttempts":{max_attempts}}}'
+
+
+def _claim_data_sql(claimed: Any) -> Any:
+    """The claim event's data of a plain waiting row (``Claims.prepare``): ``claimed``'s
+    ``attempt`` and ``previous_status``, no previous owner."""
+    return (
+        literal_column("""'{"attempt":'""")
+        + cast(claimed.c.attempt, String)
+        + literal_column("""',"previousOwner":null,"previousStatus":"'""")
+        + claimed.c.previous_status
+        + literal_column("""'"}'""")
+    )
+
+
+def claim_data_json(attempt: int, previous_status: str) -> str:
+    """:func:`_claim_data_sql` as Python text (the canonical JSON of the same dict)."""
+    return f'{{"attempt":{attempt},"previousOwner":null,"previousStatus":"{previous_status}"}}'
 
 
 def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool, window: bool) -> Prepared:
@@ -271,7 +298,7 @@ def _build(claim: Callable[[], Any], shape: Shape, server_clock: bool, window: b
         .from_select(
             list(EVENT_COLUMNS),
             event(settled, SETTLED, _settled_data_sql(settled)).union_all(
-                event(claimed, CLAIMED, claim_data_sql(claimed))
+                event(claimed, CLAIMED, _claim_data_sql(claimed))
             ),
         )
         .returning(literal_column("1"))
@@ -427,10 +454,10 @@ def cycle_in_one_statement(
     pending cycle (the call's result is its :attr:`~PendingCycle.result` once the writes were
     sent), else ``None``: a success without an adjudication request, where no settlement or claim
     event is logged or counted (the call's state changes are collected before its writes are
-    sent). The backend asks only in a call whose writes may carry the cycle
-    (``claim_tactics.picks_in_writes``) and that was not run again after the statement missed
-    (``CallMode.as_one_statement``). Quiet, the statement claims
-    the head (``claim_query.head_probe_and_lock``); among workers, from the window of heads."""
+    sent). The backend asks only in a call whose writes may carry the cycle and that was not run
+    again after the statement missed (``PostgreSQLBackend.leave_cycle_to_writes``). Quiet, the
+    statement claims the head (``claim_query.head_probe_and_lock``); among workers, from the
+    window of heads."""
     if not (
         contention is not None
         and request.succeeded
