@@ -26,9 +26,8 @@ Where each decision is taken:
 * whether a call may be run again from the start: the runner, from
   :attr:`Backend.reruns_owned_writes` and whether it owns the transaction, into
   ``CallMode.may_run_again``;
-* whether a claim or a whole cycle may be left to the call's writes statement, and whether the
-  cycle may go as one statement: the backend (PostgreSQL's ``claim_tactics.picks_in_writes``,
-  :meth:`Backend.leave_cycle_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
+* whether a whole cycle may be left to the call's writes statement (one statement): the backend
+  (:meth:`Backend.leave_cycle_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
 
 The renderings of the neutral Core constructs (:mod:`scheduler.store.plumbing.constructs`) are not
 part of it: each backend registers them with SQLAlchemy's compiler when its ``backend`` module is
@@ -281,14 +280,11 @@ class Backend(Protocol):
         limit: int,
         contention: ClaimContention | None,
         probed: Sequence[StoredRow] | None,
-        *,
-        pick_in_writes: bool,
     ) -> None:
         """Up to ``limit`` successive claims into ``claims``, each preceded by the seed's sweep
         (``leases.claim_in``): the serial reading of a claim plan where one writer runs at a
         time; among concurrent writers the candidates are locked first (the heads of the queue,
-        a window of them, or the full list, as ``contention`` suggests), and with
-        ``pick_in_writes`` a claim may be left to the call's writes statement (``Tx.pick``)."""
+        a window of them, or the full list, as ``contention`` suggests)."""
         ...
 
     def lock_target(self, tx: Tx, occurrence_id: str) -> None:

@@ -5,8 +5,7 @@ claim, settle and renew at the same time each candidate is locked first (``claim
 passed over when another transaction holds it or changed it. A single claim (``claim_next``, the
 claim of a ``settle_and_claim``) first tries the heads of the queue alone (:func:`claim_head`):
 the head probe while the queue is quiet, the window of heads among workers
-(``ClaimContention``), where the first free candidate may be left to the call's writes
-statement (``window_pick``); otherwise, and for a batch, the full candidate list is read and its
+(``ClaimContention``); otherwise, and for a batch, the full candidate list is read and its
 candidates locked in rounds (:func:`claim_locked`).
 """
 
@@ -16,7 +15,6 @@ from collections.abc import Sequence
 from typing import Final
 
 from scheduler.backends.postgresql.claim_locks import lock_candidates, locked_head, locked_sweep
-from scheduler.backends.postgresql.window_pick import PendingPick
 from scheduler.store.capabilities.claim_plan import (
     ClaimContention,
     ClaimPlan,
@@ -32,7 +30,7 @@ from scheduler.store.capabilities.claim_query import (
     head_probe_prepared,
     head_window_prepared,
 )
-from scheduler.store.capabilities.claim_writes import Claims, guarded_claim_update, sweep_expired
+from scheduler.store.capabilities.claim_writes import Claims, sweep_expired
 from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import Tx
 
@@ -48,24 +46,14 @@ def claim(
     limit: int,
     contention: ClaimContention | None,
     probed: Sequence[StoredRow] | None,
-    pick_in_writes: bool,
 ) -> None:
     """``Backend.claim`` among concurrent writers: a single claim decided by the heads of the
     queue where it can be, else the full candidate list locked in rounds."""
     decided = (
-        limit == 1
-        and contention is not None
-        and _claim_head(tx, claims, claim_filter, contention, probed, pick_in_writes)
+        limit == 1 and contention is not None and _claim_head(tx, claims, claim_filter, contention, probed)
     )
     if not decided:
         _claim_locked(tx, claims, claim_filter, limit, contention)
-
-
-def picks_in_writes(tx: Tx) -> bool:
-    """Whether a claim (or a whole cycle) may be left to the call's writes statement
-    (``Tx.pick_later``): the store may run the call again, and its writes go as one statement
-    through the fast path."""
-    return tx.call.may_run_again and tx.backend.combines_writes and tx.uses_fast_path
 
 
 def _claim_head(
@@ -74,12 +62,10 @@ def _claim_head(
     claim_filter: ClaimFilter,
     contention: ClaimContention,
     probed: Sequence[StoredRow] | None = None,
-    pick_in_writes: bool = False,
 ) -> bool:
     """A single claim decided by the heads of the queue alone (see ``ClaimContention``): True
-    when it is decided (a head claimed, or nothing due, or the claim left to the writes
-    statement), False to read the full candidate list (expired leases to act on, a head not
-    claimable, or the heads other workers hold).
+    when it is decided (a head claimed, or nothing due), False to read the full candidate list
+    (expired leases to act on, a head not claimable, or the heads other workers hold).
 
     ``probed``: the probe's rows, read in this transaction with the same choice of probe (the
     head probe and lock while the queue is quiet, else the window of heads).
@@ -93,7 +79,7 @@ def _claim_head(
             probe = head_probe_and_lock_prepared if tx.call.may_run_again else head_probe_prepared
         rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
     if window:
-        return _claim_from_window(tx, claims, rows, contention, pick_in_writes)
+        return _claim_from_window(tx, claims, rows, contention)
     # A call the store may run again read the heads and locked a plain head in one statement
     # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
     plan = head_plan(rows, tx.now)
@@ -114,15 +100,10 @@ def _claim_head(
 
 
 def _claim_from_window(
-    tx: Tx,
-    claims: Claims,
-    rows: Sequence[StoredRow],
-    contention: ClaimContention,
-    pick_in_writes: bool = False,
+    tx: Tx, claims: Claims, rows: Sequence[StoredRow], contention: ClaimContention
 ) -> bool:
     """``_claim_head`` among workers: the first free candidate of the window of heads
-    (``claim_plan.window_plan``) locked and claimed, or left to the writes statement; False
-    where the window cannot decide."""
+    (``claim_plan.window_plan``) locked and claimed; False where the window cannot decide."""
     plan = window_plan(rows, tx.now, HEAD_WINDOW)
     if plan is None:
         return False
@@ -131,35 +112,12 @@ def _claim_from_window(
         candidates.append(candidate)
     if not candidates:
         return not plan.dry  # nothing is due, or the window cannot tell
-    if pick_in_writes and _pick_later(tx, claims, candidates, plan.dry, contention):
-        return True
     locked, seen = lock_candidates(tx, candidates, 1)
     contention.took_first(bool(locked) and seen == 1)
     if locked:
         claims.claim(locked[0], targeted=False)
         return True
     return not plan.dry  # every due row is held or taken, or read the full list
-
-
-def _pick_later(
-    tx: Tx, claims: Claims, candidates: Sequence[StoredRow], dry: bool, contention: ClaimContention
-) -> bool:
-    """Leave the claim of the first free of ``candidates`` to the writes statement
-    (:mod:`scheduler.backends.postgresql.window_pick`) where it can be (``PendingPick.of``)."""
-    if not picks_in_writes(tx):
-        return False
-    pick = PendingPick.of(
-        guarded_claim_update,
-        candidates,
-        lambda row, record: claims.prepare(row, targeted=False, record=record),
-        tx.now,
-        may_be_empty=not dry,
-        done=lambda position: contention.took_first(position == 0),
-    )
-    if pick is None:
-        return False
-    tx.pick_later(pick)
-    return True
 
 
 def _claim_locked(

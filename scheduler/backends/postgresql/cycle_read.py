@@ -26,10 +26,9 @@ Among workers that hold the first candidates (``claim_locks.ClaimContention``) t
 reads the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status and locks none of
 them: a head locked here on the statement's older snapshot is often one another worker claimed
 and committed meanwhile (PostgreSQL then locks its newest version, and the call would have to
-run again). The first free row of the window is locked and claimed by the call's writes
-statement (``cycle_window``: the whole cycle in one statement), or by a statement of its own
-(``claim_locks.lock_candidates``: ``LOCK_CANDIDATE_ROWS`` on a fresh snapshot; three statements,
-where reading the full candidate list made four). Since contended cycles also take this
+run again). The first free row of the window is locked by a statement of its own
+(``claim_locks.lock_candidates``: ``LOCK_CANDIDATE_ROWS`` on a fresh snapshot; three statements
+a contended cycle, where reading the full candidate list made four). Since contended cycles also take this
 statement, a lock wait over :data:`MAX_WAIT_US` or a
 settled row changed meanwhile runs them again too, as it does quiet ones. The window
 (``cycle_read_window``) replaces the probe and lock: no ``locked_*`` columns and no

@@ -4,7 +4,7 @@ schema (psycopg 3; asyncpg under ``scheduler.aio``).
 READ COMMITTED writers run at once: a claim locks each candidate it read before claiming it
 (``claim_tactics``, ``claim_locks``), a settlement locks or checks the row it read, and a write
 the store owns is run again from the start where a row changed under it. Several writes go as
-one statement (``write_batch``, ``window_pick``, ``cycle_statement``); ``clock=None`` is the
+one statement (``write_batch``, ``cycle_statement``); ``clock=None`` is the
 server's ``clock_timestamp()``; committed work notifies idle workers (``wakeups``).
 """
 
@@ -106,10 +106,8 @@ class PostgreSQLBackend:
         limit: int,
         contention: ClaimContention | None,
         probed: Sequence[StoredRow] | None,
-        *,
-        pick_in_writes: bool,
     ) -> None:
-        claim_tactics.claim(tx, claims, claim_filter, limit, contention, probed, pick_in_writes)
+        claim_tactics.claim(tx, claims, claim_filter, limit, contention, probed)
 
     def lock_target(self, tx: Tx, occurrence_id: str) -> None:
         claim_locks.lock_target(tx, occurrence_id)
@@ -146,9 +144,11 @@ class PostgreSQLBackend:
         claim_filter: ClaimFilter,
         contention: ClaimContention | None,
     ) -> bool:
-        """Where the call's writes may carry a claim (``claim_tactics.picks_in_writes``) and the
-        call was not run again after such a statement missed (``CallMode.as_one_statement``)."""
-        if not (claim_tactics.picks_in_writes(tx) and tx.call.as_one_statement):
+        """Where the call's writes may carry the cycle (``Tx.pick_later``: the store may run the
+        call again, and its writes go as one statement through the fast path) and the call was not
+        run again after such a statement missed (``CallMode.as_one_statement``)."""
+        call = tx.call
+        if not (call.may_run_again and self.combines_writes and tx.uses_fast_path and call.as_one_statement):
             return False
         pending = cycle_statement.cycle_in_one_statement(tx, request, lease_ms, claim_filter, contention)
         return pending is not None

@@ -104,8 +104,6 @@ class SQLiteBackend:
         limit: int,
         contention: ClaimContention | None,
         probed: Sequence[StoredRow] | None,
-        *,
-        pick_in_writes: bool,
     ) -> None:
         claim_serially(tx, claims, claim_filter, limit)
 

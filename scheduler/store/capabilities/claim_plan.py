@@ -53,8 +53,7 @@ class ClaimContention:
     the first ``claim_query.HEAD_WINDOW`` due rows of each waiting status instead (the window,
     ``claim_plan.window_plan``; within ``settle_and_claim``, in the cycle's first statement) and
     lock the first free one (``claim_locks.lock_candidates``: ``LOCK_CANDIDATE_ROWS`` in a
-    transaction the store owns, ``LOCK_CANDIDATES`` in a savepoint otherwise; a store-owned
-    ``settle_and_claim`` leaves it to its writes statement, ``window_pick``), reading the full list
+    transaction the store owns, ``LOCK_CANDIDATES`` in a savepoint otherwise), reading the full list
     only when the window cannot decide, until :data:`QUIET_CLAIMS` claims in a row took their
     first candidate. The choice changes only which statements find the candidate, never which one
     is claimed.

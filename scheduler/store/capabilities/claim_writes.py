@@ -61,7 +61,7 @@ def _claim_update(*, guarded: bool) -> Any:
 
 
 def guarded_claim_update() -> Any:
-    """A fresh copy of ``CLAIM_GUARDED``'s statement, for ``window_pick`` to build on: a copy of
+    """A fresh copy of ``CLAIM_GUARDED``'s statement, for ``cycle_statement`` to build on: a copy of
     the shared one, once compiled, keeps its memoized column collections, and one built from it
     with a ``RETURNING`` then lacks those columns (SQLAlchemy 2.x)."""
     return _claim_update(guarded=True)

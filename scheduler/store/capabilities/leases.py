@@ -93,21 +93,16 @@ def claim_in(
     events: EventLog | None = None,
     contention: ClaimContention | None = None,
     probed: Sequence[StoredRow] | None = None,
-    *,
-    pick_in_writes: bool = False,
 ) -> list[Occurrence]:
     """Up to ``limit`` successive claims, each preceded by the seed's sweep, taken as the
     backend takes them (``Backend.claim``).
 
     With ``events`` given, the events are appended there for the caller to write. ``contention``
     (the store's): how a single claim among concurrent writers reads its candidates; ``probed``:
-    the heads ``Backend.read_cycle`` already read in this transaction. ``pick_in_writes``: a
-    claim may be left to the call's writes statement (``Tx.pick_later``; the caller takes the
-    claimed record from ``Tx.pick`` once the writes were sent, and nothing is returned for it
-    here).
+    the heads ``Backend.read_cycle`` already read in this transaction.
     """
     claims = Claims(tx, owner, lease_ms, events)
-    tx.backend.claim(tx, claims, claim_filter, limit, contention, probed, pick_in_writes=pick_in_writes)
+    tx.backend.claim(tx, claims, claim_filter, limit, contention, probed)
     return claims.write()
 
 
@@ -141,21 +136,8 @@ def settle_and_claim_in(
     settled = settle_in(tx, request, events, before=refuse_unrepresentable_lease, read=read)
     if probed is not None and settled.status == RETRY_WAIT and settled.available_at <= tx.now:
         raise RestartTransaction  # the heads were read before the retry made its row due
-    pick_in_writes = probed is not None
-    claimed = claim_in(
-        tx,
-        request.owner_id,
-        lease_ms,
-        claim_filter,
-        1,
-        events,
-        contention,
-        probed,
-        pick_in_writes=pick_in_writes,
-    )
+    claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events, contention, probed)
     events.flush(tx)
-    if tx.pick is not None:  # claimed by the writes statement: its record once they were sent
-        _finish_with_pick(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
 
 

@@ -24,7 +24,7 @@ from scheduler.store.plumbing.library_internals import InternalsUnavailable
 # Compiling a shared module-level statement in several threads at once can see another thread's
 # half-built lazy attributes on SQLAlchemy 2.0 ("All selectables passed to CompoundSelect must
 # have identical numbers of columns … has 0"): plans are compiled one at a time (once each), and
-# statements built from shared ones (``write_batch.combined``, ``window_pick``, ``cycle_read``)
+# statements built from shared ones (``write_batch.combined``, ``cycle_read``, ``cycle_statement``)
 # are built under the same lock, since copying a statement reads the same lazy attributes.
 STATEMENTS_LOCK: Final = threading.Lock()
 

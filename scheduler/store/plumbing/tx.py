@@ -69,8 +69,7 @@ EVENT_INSERT: Final = Prepared(insert(t.events))
 
 class PendingWrites(Protocol):
     """Work left to the statement that sends the call's kept writes (:meth:`Tx.pick_later`): a
-    claim of the first free window candidate (``window_pick.PendingPick``), or a whole quiet
-    cycle (``cycle_statement.PendingCycle``)."""
+    whole successful cycle (PostgreSQL's ``cycle_statement.PendingCycle``)."""
 
     @property
     def settles(self) -> bool:
@@ -270,12 +269,10 @@ class Tx:
         return self._fast is not None
 
     def pick_later(self, pick: PendingWrites) -> None:
-        """Leave ``pick`` (the claim of the first free window candidate:
-        :mod:`scheduler.backends.postgresql.window_pick`; a whole quiet cycle:
-        :mod:`scheduler.backends.postgresql.cycle_statement`)
-        to the statement that sends the kept writes; it has its results once that ran. Only in a
-        call the store may run again, on a backend that combines writes, through the fast path
-        (the backend's tactic decides)."""
+        """Leave ``pick`` (a whole cycle: :mod:`scheduler.backends.postgresql.cycle_statement`) to
+        the statement that sends the kept writes; it has its results once that ran. Only in a call
+        the store may run again, on a backend that combines writes, through the fast path (the
+        backend's tactic decides)."""
         assert self.call.may_run_again and self.backend.combines_writes and self.uses_fast_path
         assert self.pick is None
         self._pick = self.pick = pick
@@ -337,7 +334,7 @@ class Tx:
         ``COMMIT`` where ``commit``); a count not as expected runs the call again."""
         fast = self._fast
         if fast is None or len(rest) > MULTI_ROW_EVENTS:
-            raise RestartTransaction  # run again without leaving the claim to the writes
+            raise RestartTransaction  # run again without leaving the work to the writes
         statement, parameters = pick.writes(
             [(write.statement, write.parameters) for write in kept], [write.expected for write in kept], rest
         )

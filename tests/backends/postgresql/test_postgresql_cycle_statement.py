@@ -21,10 +21,10 @@ from unittest.mock import patch
 import pytest
 from backends import PostgresServer, unique_name
 from claim_seed import as_among_workers
+from cycle_support import densely_numbered, one_statement_off
 from sqlalchemy import Connection, create_engine, text
 from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, enqueue, held
-from test_postgresql_window_pick import densely_numbered, one_statement_off
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
 from scheduler.backends.postgresql import cycle_statement

@@ -2,13 +2,13 @@
 
 Among workers that hold the first candidates (``ClaimContention``), the one-statement cycle
 (``store/cycle_statement.py``) reads the window of heads and locks its first free candidate
-(``_window_and_lock``) instead of the head. Each scenario runs with the statement and without
-it (the cycle's first statement with the window, then ``window_pick``'s writes statement), as
-in ``test_postgresql_cycle_statement.py``; results and tables must be equal. The cases the
-window cannot decide (a claimable row that is not plain, an arm that may hold unread rows ahead
-of the next candidate) make the statement miss, and the call runs again the usual way: each is
-built so that a statement deciding it anyway would claim another row. The randomized comparison
-with the full candidate list is in ``test_postgresql_window_claims.py``.
+(``_window_and_lock``) instead of the head. Each scenario runs with the statement and without it
+(the cycle's first statement with the window, the first free candidate locked by a statement of its
+own, then the writes statement), as in ``test_postgresql_cycle_statement.py``; results and tables
+must be equal. The cases the window cannot decide (a claimable row that is not plain, an arm that
+may hold unread rows ahead of the next candidate) make the statement miss, and the call runs again
+the usual way: each is built so that a statement deciding it anyway would claim another row. The
+randomized comparison with the full candidate list is in ``test_postgresql_window_claims.py``.
 """
 
 from __future__ import annotations

@@ -35,12 +35,12 @@ from claim_seed import (
     outcome,
     paired_stores,
 )
+from cycle_support import one_statement_off
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from test_postgresql_claims import enqueue, held
 from test_postgresql_races import AUTHORITY
-from test_postgresql_window_pick import one_statement_off
 
 from scheduler import SchedulerStore, open_store
 from scheduler.backends.postgresql import claim_tactics, cycle_statement
@@ -165,9 +165,9 @@ def test_settle_and_claim_through_the_window_equals_the_full_list(
     pair: Pair, state: Any, picks: list[int], settlement: str, server_clock: bool
 ) -> None:
     """A success as one statement claiming from the window (``cycle_statement``), the cycle's
-    first statement with the window (and the claim taken by its writes statement,
-    ``window_pick``), and the full list, on an injected clock and on the server's; on the
-    injected one the tables afterwards must be equal too (event rows byte for byte)."""
+    first statement with the window (its first free candidate locked by ``LOCK_CANDIDATE_ROWS``),
+    and the full list, on an injected clock and on the server's; on the injected one the tables
+    afterwards must be equal too (event rows byte for byte)."""
     arguments: dict[str, Any] = {"owner_id": OWNER, "lease_ms": LEASE}
     if settlement == "succeeded":
         arguments["outcome"] = "succeeded"

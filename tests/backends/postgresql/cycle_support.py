@@ -1,0 +1,26 @@
+"""Helpers of the PostgreSQL ``settle_and_claim`` tests that compare the one-statement cycle
+(``cycle_statement``) with the usual way: turning the statement off, and comparing tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest.mock import patch
+
+from scheduler.backends.postgresql import cycle_statement
+
+
+@contextmanager
+def one_statement_off() -> Iterator[None]:
+    """A ``settle_and_claim`` that succeeds is not tried as one statement (``cycle_statement``):
+    it runs the usual way, its first statement reading the heads or the window."""
+    with patch.object(cycle_statement, "cycle_in_one_statement", lambda *_args: None):
+        yield
+
+
+def densely_numbered(tables: dict[str, Any]) -> dict[str, Any]:
+    """``tables`` with event ids renumbered 1, 2, … in id order (a call run again leaves a gap
+    where its first attempt's event rows were rolled back, API §8)."""
+    events = sorted(tables["events"], key=lambda row: row["event_id"])
+    return {**tables, "events": [{**row, "event_id": rank} for rank, row in enumerate(events, start=1)]}
