@@ -52,12 +52,12 @@ def _render(element: SchemaText, compiler: Any, **kw: Any) -> str:
 
 
 def load(source: str) -> dict[str, str]:
-    """The statements of a ``queries.sql`` text by name (each without its comment lines)."""
+    """The statements of a ``queries.sql`` text by name, without comments, on one line (the file
+    has no ``--`` inside a string)."""
     parts = _NAME.split(source)
     statements: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        statement = "\n".join(lines).strip()
+        statement = " ".join(" ".join(line.split("--", 1)[0] for line in body.splitlines()).split())
         unknown = set(_PLACEHOLDER.findall(statement)) - set(_TABLES)
         if unknown:
             raise ValueError(f"{name}: not a scheduler table: {sorted(unknown)}")
@@ -111,15 +111,16 @@ COLUMNS: Final = {
 checks them against the server's)."""
 
 
-def _prepared(name: str) -> Prepared:
-    statement = SchemaText(SQL[name]).columns(*(column(key) for key in COLUMNS[name]))
+def prepared(name: str, sql: str | None = None) -> Prepared:
+    """The statement ``name`` (or ``sql`` in its place, with its result columns) to run."""
+    statement = SchemaText(SQL[name] if sql is None else sql).columns(*(column(key) for key in COLUMNS[name]))
     return Prepared(statement, locks=True)
 
 
-CYCLE_READ: Final = _prepared("cycle_read")
-CYCLE_READ_WINDOW: Final = _prepared("cycle_read_window")
-CYCLE: Final = _prepared("cycle")
-CYCLE_WINDOW: Final = _prepared("cycle_window")
+CYCLE_READ: Final = prepared("cycle_read")
+CYCLE_READ_WINDOW: Final = prepared("cycle_read_window")
+CYCLE: Final = prepared("cycle")
+CYCLE_WINDOW: Final = prepared("cycle_window")
 
 
 def filter_parameters(kinds: tuple[str, ...] | None, workspace_id: str | None) -> dict[str, Any]:

@@ -186,4 +186,3 @@ class ServerStatements:
                 self._failed.add(sql)
             else:
                 self._names[sql] = (name, order)
-

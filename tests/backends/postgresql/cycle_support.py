@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
 
-from scheduler.backends.postgresql import cycle_statement
+from scheduler.backends.postgresql import cycle_statement, queries
+from scheduler.store.plumbing.statement_plans import Prepared
 
 
 @contextmanager
@@ -24,3 +25,12 @@ def densely_numbered(tables: dict[str, Any]) -> dict[str, Any]:
     where its first attempt's event rows were rolled back, API §8)."""
     events = sorted(tables["events"], key=lambda row: row["event_id"])
     return {**tables, "events": [{**row, "event_id": rank} for rank, row in enumerate(events, start=1)]}
+
+
+def slowed_statement(name: str) -> Prepared:
+    """The statement ``name`` of ``queries.sql`` sleeping 2 s after its snapshot was taken and
+    before its first lock (the clock instant it starts from is read after the sleep)."""
+    start = "SELECT clock_timestamp() AS at"
+    sql = queries.SQL[name]
+    assert sql.count(start) == 1
+    return queries.prepared(name, sql.replace(start, start + " FROM pg_sleep(2)"))

@@ -21,16 +21,15 @@ from unittest.mock import patch
 import pytest
 from backends import PostgresServer, unique_name
 from claim_seed import as_among_workers
-from cycle_support import densely_numbered, one_statement_off
-from sqlalchemy import Connection, create_engine, text
+from cycle_support import densely_numbered, one_statement_off, slowed_statement
+from sqlalchemy import Connection, create_engine
 from test_fastpath_postgresql import Recorded, recording_cursor
 from test_postgresql_claims import LEASE, enqueue, held
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
-from scheduler.backends.postgresql import cycle_statement
+from scheduler.backends.postgresql import cycle_statement, queries
 from scheduler.contract.constants import MAX_SAFE_INTEGER
 from scheduler.store.plumbing.session import OwnedRunner
-from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.testing import dump_tables
 
 pytestmark = pytest.mark.postgresql
@@ -415,13 +414,9 @@ def test_a_pause_request_committed_after_the_statement_began_is_never_left_on_a_
     The statement is slowed here (2 s after its snapshot, before its first lock) and the pause
     request sent meanwhile; with the lead turned off, the statement's check would have to catch
     it, and does not (``lead=False`` documents the race: its outcome is the one asserted)."""
-    slow = cycle_statement._statement
+    slowed = slowed_statement("cycle")
 
-    def slowed(*args: Any) -> Any:
-        prepared = slow(*args)
-        return Prepared(prepared.statement.where(text("EXISTS (SELECT FROM pg_sleep(2))")), locks=True)
-
-    monkeypatch.setattr(cycle_statement, "_statement", slowed)
+    monkeypatch.setattr(queries, "CYCLE", slowed)
     if not lead:
         monkeypatch.setattr(cycle_statement.PendingCycle, "lead", property(lambda _self: None))
     schema = unique_name("t_cycle_pause")

@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 from backends import PostgresServer
-from sqlalchemy import text
+from cycle_support import slowed_statement
 from test_postgresql_claims import LEASE, held
 from test_postgresql_cycle_statement import T0, Run, both_ways, cycle, wait_event
 
 from scheduler import open_store
-from scheduler.backends.postgresql import cycle_statement
+from scheduler.backends.postgresql import queries
 from scheduler.store.capabilities import claim_query
-from scheduler.store.plumbing.statement_plans import Prepared
 
 pytestmark = pytest.mark.postgresql
 ERROR = {"code": "E_BROKEN", "message": "broken"}
@@ -151,11 +150,7 @@ def test_a_window_row_claimed_after_the_statement_began_is_passed_over(
     that row as queued; locked, its newest version fails the version check (PostgreSQL checks the
     ``WHERE`` clause again on the row it locked) and the next row is claimed, as when the other
     worker's claim came first."""
-    slow = cycle_statement._statement
-
-    def slowed(*args: Any) -> Any:
-        prepared = slow(*args)
-        return Prepared(prepared.statement.where(text("EXISTS (SELECT FROM pg_sleep(2))")), locks=True)
+    slowed = slowed_statement("cycle_window")
 
     def scenario(run: Run) -> Any:
         other = open_store(postgres_server.engine, schema=run.schema, clock=run.clock)
@@ -169,7 +164,7 @@ def test_a_window_row_claimed_after_the_statement_began_is_passed_over(
             run.store.connection.rollback()
             results: list[Any] = []
             with postgres_server.engine.connect() as watcher, monkeypatch.context() as patched:
-                patched.setattr(cycle_statement, "_statement", slowed)
+                patched.setattr(queries, "CYCLE_WINDOW", slowed)
                 thread = threading.Thread(target=lambda: results.append(cycle(run.store, run.made[0], 1)))
                 if run.one_statement:
                     thread.start()

@@ -185,7 +185,7 @@ def test_the_cycles_first_statement_walks_a_bounded_window_of_a_churned_unanalyz
         held = store.claim_next(owner_id="w", lease_ms=60_000)
         for _ in range(CHURN_CYCLES + 1):
             assert held is not None
-            with captured_claim(private_engine, "head_queued") as captured:
+            with captured_claim(private_engine, "cycle_clock") as captured:
                 held = store.settle_and_claim(
                     occurrence_id=held.id,
                     owner_id="w",

@@ -1,0 +1,97 @@
+"""The hand-written statements of ``scheduler/backends/postgresql/queries.sql``: they run in the
+store's schema, their result columns are the ones ``queries.COLUMNS`` declares (the fast path
+reads rows by position), and the constants written into them are the store's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from backends import PostgresServer, unique_name
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError
+from test_postgresql_claims import LEASE, enqueue
+from test_postgresql_cycle_statement import T0
+
+from scheduler import open_store
+from scheduler.backends.postgresql import cycle_read, queries
+from scheduler.store.capabilities.claim_query import HEAD_WINDOW
+
+pytestmark = pytest.mark.postgresql
+
+
+def _parameters(occurrence_id: str, kinds: list[str] | None, workspace_id: str | None) -> dict[str, Any]:
+    return {
+        "p_id": occurrence_id,
+        "p_owner": "w",
+        "p_fence": 1,
+        "p_result": None,
+        "p_lease": LEASE,
+        "now": T0,
+        "job_kinds": kinds,
+        "workspace_id": workspace_id,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(queries.COLUMNS))
+@pytest.mark.parametrize(("kinds", "workspace_id"), [(None, None), (["agenda", "other"], "nowhere")])
+def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
+    postgres_server: PostgresServer, name: str, kinds: list[str] | None, workspace_id: str | None
+) -> None:
+    schema = unique_name("t_queries")
+    store = open_store(postgres_server.engine, schema=schema, clock=lambda: T0)
+    try:
+        made = enqueue(store, 3)
+        held = store.claim_next(owner_id="w", lease_ms=LEASE)
+        assert held is not None and held.id == made[0]
+        compiled = queries.prepared(name).statement.compile(
+            dialect=postgresql.psycopg.dialect(),
+            schema_translate_map={None: schema},
+            render_schema_translate=True,
+        )
+        assert f'"{schema}".occurrences' in str(compiled) or f"{schema}.occurrences" in str(compiled)
+        connection = store.connection
+        connection.rollback()
+        parameters = _parameters(held.id, kinds, workspace_id)
+        cycle = not name.startswith("cycle_read")
+        if cycle and kinds is not None:  # nothing the filter may take is due: the check fails it
+            with connection.begin(), pytest.raises(DBAPIError, match="kept-writes-changed"):
+                connection.exec_driver_sql(str(compiled), parameters)
+            return
+        with connection.begin() as transaction:
+            result = connection.exec_driver_sql(str(compiled), parameters)
+            assert tuple(result.keys()) == queries.COLUMNS[name]
+            rows = result.all()
+            transaction.rollback()
+        first = rows[0]._mapping
+        if cycle:  # settled made[0], claimed the next row
+            assert (first["s_occurrence_id"], first["c_occurrence_id"], first["checked"]) == (
+                made[0],
+                made[1],
+                1,
+            )
+        else:  # the settled row, and the heads: made[1] due first (eligible unless filtered out)
+            assert first["settled_occurrence_id"] == made[0]
+            due = made[1:] if name.endswith("window") else made[1:2]  # the window: up to 8 per status
+            assert {row.occurrence_id: row.job_ok for row in rows} == dict.fromkeys(due, kinds is None)
+    finally:
+        store.close()
+        postgres_server.drop_schema(schema)
+
+
+def test_the_constants_written_into_the_statements_are_the_stores() -> None:
+    window = f"LIMIT {HEAD_WINDOW})"
+    for name in ("cycle_read_window", "cycle_window"):
+        assert queries.SQL[name].count(window) == 2, name  # one per waiting status
+    assert f"arm_rows = {HEAD_WINDOW} AND arm_rank = {HEAD_WINDOW}" in queries.SQL["cycle_window"]
+    for name in ("cycle", "cycle_window"):
+        assert f"(SELECT waited_us FROM cycle_clock) <= {cycle_read.MAX_WAIT_US}" in queries.SQL[name]
+
+
+def test_a_placeholder_that_is_not_a_scheduler_table_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a scheduler table"):
+        queries.load("-- name: broken\nSELECT 1 FROM {nowhere}\n")
+    assert queries.load("-- name: a\n-- a comment\nSELECT 1\n\n-- name: b\nSELECT 2\n") == {
+        "a": "SELECT 1",
+        "b": "SELECT 2",
+    }
