@@ -31,8 +31,8 @@ a claim: where it would roll back to one, it raises ``RestartTransaction`` and t
 the whole call back and runs it again, with savepoints (a statement saved on every cycle against
 a call run twice in the rare cycle whose candidate changed under its lock).
 
-The quiet path locks the head in the statement that reads it (``claim_query``'s
-``build_head_probe_and_lock``): :func:`locked_head` turns its result into the head as locked, to
+The quiet path locks the head in the statement that reads it (``queries.sql``'s
+``claim_head``): :func:`locked_head` turns its result into the head as locked, to
 be claimed on its probed control, requeue and job facts (:class:`LockedAsProbed`).
 
 A sweep locks its whole batch (:data:`LOCK_EXPIRED`, the rows still expired on their final
@@ -51,13 +51,14 @@ from typing import Any, Final
 
 from sqlalchemy import Integer, String, bindparam, case, cast, literal_column, select
 
+from scheduler.backends.postgresql.queries import LOCKED_PREFIX
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.claim_plan import (
     ClaimContention as ClaimContention,  # re-exported: the state the claim tactics read
 )
 from scheduler.store.capabilities.claim_plan import LockedAsProbed, claimable, plain, sort_key, sweepable
-from scheduler.store.capabilities.claim_query import LOCKED_PREFIX, LOCKED_ROWS
+from scheduler.store.capabilities.claim_query import LOCKED_ROWS
 from scheduler.store.plumbing.constructs import row_check
 from scheduler.store.plumbing.statement_plans import Prepared, StoredRow
 from scheduler.store.plumbing.tx import RestartTransaction, Tx
@@ -248,7 +249,7 @@ _ROW_NAMES: Final = tuple((column.name, column.name) for column in _o.c)
 
 
 def locked_head(tx: Tx, rows: Sequence[StoredRow], head: StoredRow | None) -> LockedAsProbed | None:
-    """The head ``claim_query.head_probe_and_lock_prepared`` locked (``rows``: its result; ``head``:
+    """The head ``queries.CLAIM_HEAD`` locked (``rows``: its result; ``head``:
     the candidate its plan chose), or ``None`` when it locked nothing (another transaction holds
     the head). In a call the store may run again only: a locked row that is not the plan's head, or
     that changed while the statement ran, cannot be released there (``RestartTransaction``)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from scheduler.backends.postgresql import queries
 from scheduler.backends.postgresql.claim_locks import lock_candidates, locked_head, locked_sweep
 from scheduler.store.capabilities.claim_plan import (
     ClaimContention,
@@ -25,7 +26,6 @@ from scheduler.store.capabilities.claim_plan import (
 from scheduler.store.capabilities.claim_query import (
     HEAD_WINDOW,
     ClaimFilter,
-    head_probe_and_lock_prepared,
     head_probe_params,
     head_probe_prepared,
     head_window_prepared,
@@ -73,15 +73,16 @@ def _claim_head(
     window = not contention.probe_first
     rows = probed
     if rows is None:
-        if window:
-            probe = head_window_prepared
+        if not window and tx.call.may_run_again:
+            parameters = queries.filter_parameters(claim_filter.kinds, claim_filter.workspace_id)
+            rows = tx.all(queries.CLAIM_HEAD, {**parameters, "now": tx.now})
         else:
-            probe = head_probe_and_lock_prepared if tx.call.may_run_again else head_probe_prepared
-        rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
+            probe = head_window_prepared if window else head_probe_prepared
+            rows = tx.all(probe(claim_filter), head_probe_params(tx.now, claim_filter))
     if window:
         return _claim_from_window(tx, claims, rows, contention)
     # A call the store may run again read the heads and locked a plain head in one statement
-    # (claim_query._plain); inside a caller's transaction it locks the head afterwards.
+    # (queries.CLAIM_HEAD); inside a caller's transaction it locks the head afterwards.
     plan = head_plan(rows, tx.now)
     head = None if plan is None else plan.next_candidate()
     fresh = locked_head(tx, rows, head) if tx.call.may_run_again else None

@@ -3,7 +3,7 @@
 One statement does what the cycle's first two did: it locks the settled occurrence and reads
 it with its control, reservation and adjudication (``settlement.CURRENT_ROWS``), reads the
 server clock after that lock, and with that clock as ``now`` reads the queue's heads and locks a
-plain head, as ``claim_query.build_head_probe_and_lock`` does: the statements ``cycle_read`` and
+plain head, as ``claim_head`` does for a single claim: the statements ``cycle_read`` and
 ``cycle_read_window`` of ``queries.sql``.
 
 The clock depends on the settled row being locked, and the probe on the clock, so PostgreSQL

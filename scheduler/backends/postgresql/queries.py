@@ -1,10 +1,11 @@
 """The hand-tuned PostgreSQL statements of ``queries.sql``, loaded as :class:`Prepared` statements.
 
-The statements are written as SQL, for a reviewer to read as SQL: a settle_and_claim's first
-statement (``cycle_read``, ``cycle_read_window``: :mod:`.cycle_read`) and the whole successful
-cycle in one statement (``cycle``, ``cycle_window``: :mod:`.cycle_statement`). A ``{table}`` in
-the file is one of the scheduler's tables; it is rendered as the compiler renders that table,
-so a store's schema (``schema_translate_map``) applies to these statements as to every Core
+The statements are written as SQL, for a reviewer to read as SQL: a quiet claim's head probe and
+lock (``claim_head``: :mod:`.claim_tactics`), a settle_and_claim's first statement
+(``cycle_read``, ``cycle_read_window``: :mod:`.cycle_read`) and the whole successful cycle in
+one statement (``cycle``, ``cycle_window``: :mod:`.cycle_statement`). A ``{table}`` in the file
+is one of the scheduler's tables; it is rendered as the compiler renders that table, so a
+store's schema (``schema_translate_map``) applies to these statements as to every Core
 statement, on the fast path and on SQLAlchemy's own execution alike.
 """
 
@@ -101,8 +102,12 @@ _CYCLE: Final = (
     "c_previous_status",
     "c_position",
 )
+LOCKED_PREFIX: Final = "locked_"
+"""The columns of the head ``claim_head`` and ``cycle_read`` locked: ``locked_<column>``."""
+_LOCKED: Final = (*(LOCKED_PREFIX + name for name in _OCCURRENCE), "head_plain")
 COLUMNS: Final = {
-    "cycle_read": (*_READ, *("locked_" + name for name in _OCCURRENCE), "head_plain"),
+    "claim_head": (*_PROBED, *_LOCKED),
+    "cycle_read": (*_READ, *_LOCKED),
     "cycle_read_window": _READ,
     "cycle": _CYCLE,
     "cycle_window": _CYCLE,
@@ -117,6 +122,7 @@ def prepared(name: str, sql: str | None = None) -> Prepared:
     return Prepared(statement, locks=True)
 
 
+CLAIM_HEAD: Final = prepared("claim_head")
 CYCLE_READ: Final = prepared("cycle_read")
 CYCLE_READ_WINDOW: Final = prepared("cycle_read_window")
 CYCLE: Final = prepared("cycle")

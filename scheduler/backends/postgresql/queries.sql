@@ -20,6 +20,110 @@
 -- there: cycle_read.py and cycle_statement.py, beside this file.
 
 
+-- name: claim_head
+-- A quiet single claim (claim_next, claim_batch's first, a settle_and_claim inside a caller's
+-- transaction): the first due row of each waiting status and one expired lease the call could act
+-- on, with their checks as columns, and the earliest head locked SKIP LOCKED if a claim may take
+-- it on its probed row alone (no expired lease to act on, its job eligible, attempts left, no
+-- runtime control and no requeue request). claim_query builds the same probe in Core for SQLite.
+WITH heads AS (
+    (SELECT 'q' AS arm, occurrence_id
+     FROM {occurrences}
+     WHERE status = 'queued' AND available_at <= CAST(:now AS bigint)
+     ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id
+     LIMIT 1)
+    UNION ALL
+    (SELECT 'r', occurrence_id
+     FROM {occurrences}
+     WHERE status = 'retry_wait' AND available_at <= CAST(:now AS bigint)
+     ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id
+     LIMIT 1)
+    UNION ALL
+    (SELECT 'e', o.occurrence_id  -- an expired lease to sweep, or to claim again
+     FROM {occurrences} AS o
+     LEFT JOIN {scheduler_occurrence_controls} AS c ON c.occurrence_id = o.occurrence_id
+     WHERE o.status = 'running' AND o.lease_expires_at <= CAST(:now AS bigint)
+       AND (    (o.attempt >= o.max_attempts
+                 AND (c.state IS NULL OR (c.state <> 'pause_requested' AND c.state <> 'resumed')))
+            OR  (EXISTS (SELECT 1 FROM {jobs} AS j
+                         WHERE j.job_id = o.job_id AND j.enabled = 1
+                           AND (CAST(:job_kinds AS text[]) IS NULL OR j.kind = ANY (CAST(:job_kinds AS text[])))
+                           AND (CAST(:workspace_id AS text) IS NULL
+                                OR CAST(j.authority_json AS json) ->> 'workspaceId' = CAST(:workspace_id AS text))
+                         OFFSET 0)
+                 AND (o.attempt < o.max_attempts OR c.state = 'pause_requested' OR c.state = 'resumed'
+                      OR EXISTS (SELECT 1 FROM {scheduler_occurrence_retries} AS r
+                                 WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL
+                                   AND r.expected_fence = o.fence))
+                 AND (c.state IS NULL OR c.state <> 'paused')))
+     ORDER BY o.lease_expires_at, o.occurrence_id
+     LIMIT 1)
+),
+probe AS MATERIALIZED (  -- the heads with their checks as columns
+    SELECT h.arm, o.occurrence_id, o.job_id, o.job_revision, o.idempotency_key, o.trigger_key,
+           o.scheduled_for, o.available_at, o.status, o.attempt, o.max_attempts, o.fence,
+           o.lease_owner, o.lease_expires_at, o.authority_json, o.payload_json,
+           o.last_error_json, o.result_json, o.created_at, o.updated_at, o.settled_at,
+           c.state AS control_state, c.expected_fence AS control_expected_fence,
+           (SELECT min(r.request_id)  -- the first pending requeue request by (created_at, request_id)
+            FROM {scheduler_occurrence_retries} AS r
+            WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL AND r.expected_fence = o.fence
+              AND r.created_at = (SELECT min(f.created_at) FROM {scheduler_occurrence_retries} AS f
+                                  WHERE f.occurrence_id = o.occurrence_id AND f.claimed_at IS NULL
+                                    AND f.expected_fence = o.fence)) AS retry_request_id,
+           EXISTS (SELECT 1 FROM {jobs} AS j
+                   WHERE j.job_id = o.job_id AND j.enabled = 1
+                     AND (CAST(:job_kinds AS text[]) IS NULL OR j.kind = ANY (CAST(:job_kinds AS text[])))
+                     AND (CAST(:workspace_id AS text) IS NULL
+                          OR CAST(j.authority_json AS json) ->> 'workspaceId' = CAST(:workspace_id AS text))
+                   OFFSET 0) AS job_ok,
+           CASE WHEN h.arm = 'e' THEN
+               (SELECT a.request_id FROM {scheduler_occurrence_adjudications} AS a
+                WHERE a.occurrence_id = o.occurrence_id AND a.status = 'pending')
+           END AS adjudication_request_id
+    FROM heads AS h
+    JOIN {occurrences} AS o ON o.occurrence_id = h.occurrence_id
+    LEFT JOIN {scheduler_occurrence_controls} AS c ON c.occurrence_id = o.occurrence_id
+),
+head AS (  -- the earliest due head, when nothing expired is to be acted on
+    SELECT occurrence_id,
+           job_ok AND control_state IS NULL AND retry_request_id IS NULL AND attempt < max_attempts AS plain
+    FROM probe
+    WHERE arm <> 'e' AND NOT EXISTS (SELECT 1 FROM probe WHERE arm = 'e')
+    ORDER BY available_at, scheduled_for, occurrence_id
+    LIMIT 1
+),
+locked AS MATERIALIZED (  -- that head, if plain, as locked
+    SELECT o.occurrence_id, o.job_id, o.job_revision, o.idempotency_key, o.trigger_key,
+           o.scheduled_for, o.available_at, o.status, o.attempt, o.max_attempts, o.fence,
+           o.lease_owner, o.lease_expires_at, o.authority_json, o.payload_json,
+           o.last_error_json, o.result_json, o.created_at, o.updated_at, o.settled_at
+    FROM {occurrences} AS o
+    JOIN head ON head.occurrence_id = o.occurrence_id
+    WHERE head.plain
+    FOR UPDATE OF o SKIP LOCKED
+)
+SELECT p.arm, p.occurrence_id, p.job_id, p.job_revision, p.idempotency_key, p.trigger_key,
+       p.scheduled_for, p.available_at, p.status, p.attempt, p.max_attempts, p.fence,
+       p.lease_owner, p.lease_expires_at, p.authority_json, p.payload_json, p.last_error_json,
+       p.result_json, p.created_at, p.updated_at, p.settled_at,
+       p.control_state, p.control_expected_fence, p.retry_request_id, p.job_ok,
+       p.adjudication_request_id,
+       l.occurrence_id AS locked_occurrence_id, l.job_id AS locked_job_id,
+       l.job_revision AS locked_job_revision, l.idempotency_key AS locked_idempotency_key,
+       l.trigger_key AS locked_trigger_key, l.scheduled_for AS locked_scheduled_for,
+       l.available_at AS locked_available_at, l.status AS locked_status,
+       l.attempt AS locked_attempt, l.max_attempts AS locked_max_attempts, l.fence AS locked_fence,
+       l.lease_owner AS locked_lease_owner, l.lease_expires_at AS locked_lease_expires_at,
+       l.authority_json AS locked_authority_json, l.payload_json AS locked_payload_json,
+       l.last_error_json AS locked_last_error_json, l.result_json AS locked_result_json,
+       l.created_at AS locked_created_at, l.updated_at AS locked_updated_at,
+       l.settled_at AS locked_settled_at,
+       (SELECT plain FROM head) AS head_plain
+FROM probe AS p
+LEFT JOIN locked AS l ON l.occurrence_id = p.occurrence_id
+
+
 -- name: cycle_read
 -- A quiet cycle's first statement: the settled row locked, the clock read after that lock, the
 -- first due row of each waiting status and one expired lease the call could act on, and the

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
-    Boolean,
     CompoundSelect,
     Integer,
     Select,
@@ -326,55 +325,6 @@ def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
     return union_all(*arms, select(expired.subquery("expired")))
 
 
-def plain_sql(probe: Any) -> ColumnElement[bool]:
-    """A due head a claim may take on its probed row alone: its job eligible, attempts left, no
-    runtime control and no requeue request (``claim_plan.claimable`` holds for it, and the claim
-    ``UPDATE`` re-checks the last three with :data:`PLAIN_CLAIM_GUARD`)."""
-    return and_(
-        type_coerce(probe.c.job_ok, Boolean()),
-        probe.c.control_state.is_(None),
-        probe.c.retry_request_id.is_(None),
-        probe.c.attempt < probe.c.max_attempts,
-    )
-
-
-LOCKED_PREFIX: Final = "locked_"
-"""The columns of the row :func:`head_probe_and_lock_prepared` locked: ``locked_<column>``."""
-
-
-def build_head_probe_and_lock(shape: Shape) -> Select[Any]:
-    """The head probe, and the head locked ``FOR UPDATE SKIP LOCKED`` in the same statement when
-    nothing expired is to be acted on and the head is :func:`plain_sql` (what the probe's reader
-    would then lock next). Every probe row comes back with the ``locked_*`` columns of the row as
-    locked (its newest version; NULL where nothing was locked) and ``head_plain``."""
-    probe = _build_head_probe(shape).cte("probe").prefix_with("MATERIALIZED")
-    expired = probe.alias("probe_expired")
-    head = (
-        select(probe.c.occurrence_id, plain_sql(probe).label("plain"))
-        .where(
-            probe.c.arm != literal_column(f"'{ARM_EXPIRED}'"),
-            ~exists().where(expired.c.arm == literal_column(f"'{ARM_EXPIRED}'")),
-        )
-        .order_by(probe.c.available_at, probe.c.scheduled_for, probe.c.occurrence_id)
-        .limit(_ONE)
-        .cte("head")
-    )
-    occurrences = t.occurrences
-    locked = (
-        select(occurrences)
-        .join(head, occurrences.c.occurrence_id == head.c.occurrence_id)
-        .where(head.c.plain)
-        .with_for_update(of=occurrences, skip_locked=True)
-        .cte("locked")
-        .prefix_with("MATERIALIZED")
-    )
-    return select(
-        probe,
-        *[locked.c[column.name].label(LOCKED_PREFIX + column.name) for column in t.occurrences.c],
-        select(head.c.plain).scalar_subquery().label("head_plain"),
-    ).select_from(probe.outerjoin(locked, locked.c.occurrence_id == probe.c.occurrence_id))
-
-
 def _plain_claim_guard() -> ColumnElement[bool]:
     occurrences, controls, retries = t.occurrences, t.occurrence_controls, t.occurrence_retries
     return and_(
@@ -390,7 +340,8 @@ def _plain_claim_guard() -> ColumnElement[bool]:
 
 PLAIN_CLAIM_GUARD: Final = _plain_claim_guard()
 """For an ``UPDATE`` of ``occurrences``: the row still has no runtime control and no requeue
-request at its fence, and its job is enabled, as when it was probed (:func:`plain_sql`); a claim
+request at its fence, and its job is enabled, as when it was probed (``head_plain`` of
+``queries.sql``'s ``claim_head``); a claim
 decided on a probed row without reading it again after the lock writes only if this holds."""
 
 
@@ -416,10 +367,6 @@ _HEAD_PROBE_PREPARED: Final = {
 }
 _HEAD_WINDOW_PREPARED: Final = {
     shape: Prepared(_build_head_probe(shape, HEAD_WINDOW), passes_kept_writes=True) for shape in _SHAPES
-}
-_HEAD_PROBE_AND_LOCK_PREPARED: Final = {
-    shape: Prepared(build_head_probe_and_lock(shape), passes_kept_writes=True, locks=True)
-    for shape in _SHAPES
 }
 CLAIM_OCCURRENCE: Final = union_all(
     select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
@@ -467,12 +414,6 @@ def head_window_prepared(claim_filter: ClaimFilter) -> Prepared:
     waiting status: the candidates of a claim among workers that hold the first ones
     (``claim_plan.window_plan``; params: :func:`head_probe_params`)."""
     return _HEAD_WINDOW_PREPARED[claim_filter.shape]
-
-
-def head_probe_and_lock_prepared(claim_filter: ClaimFilter) -> Prepared:
-    """:func:`head_probe_prepared` that also locks a plain head (:func:`_build_head_probe_and_lock`;
-    params: :func:`head_probe_params`): one statement where a quiet claim took two."""
-    return _HEAD_PROBE_AND_LOCK_PREPARED[claim_filter.shape]
 
 
 def head_probe_params(now: int, claim_filter: ClaimFilter) -> dict[str, Any]:

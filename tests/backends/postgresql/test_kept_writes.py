@@ -557,4 +557,3 @@ def test_a_cycle_whose_settled_row_changed_while_it_waited_reads_the_heads_again
     finally:
         other.close()
         store.close()
-

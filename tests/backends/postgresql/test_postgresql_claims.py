@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine, text
 from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
-from scheduler.backends.postgresql import claim_locks
+from scheduler.backends.postgresql import claim_locks, queries
 from scheduler.backends.postgresql.claim_tactics import CONTENDED_EXTRA
 from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
 from scheduler.store.capabilities import claim_query
@@ -496,7 +496,7 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
         id(claim_locks.LOCK_CANDIDATES): "lock",
         id(claim_locks.LOCK_CANDIDATE_ROWS): "lock",
         id(claim_query.head_probe_prepared(claim_query.NO_FILTER)): "head",
-        id(claim_query.head_probe_and_lock_prepared(claim_query.NO_FILTER)): "head+lock",
+        id(queries.CLAIM_HEAD): "head+lock",
         id(claim_query.claim_next_prepared(claim_query.NO_FILTER)): "list",
         id(claim_query.head_window_prepared(claim_query.NO_FILTER)): "window",
     }

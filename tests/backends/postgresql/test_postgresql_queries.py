@@ -53,7 +53,7 @@ def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
         connection = store.connection
         connection.rollback()
         parameters = _parameters(held.id, kinds, workspace_id)
-        cycle = not name.startswith("cycle_read")
+        cycle = name in ("cycle", "cycle_window")
         if cycle and kinds is not None:  # nothing the filter may take is due: the check fails it
             with connection.begin(), pytest.raises(DBAPIError, match="kept-writes-changed"):
                 connection.exec_driver_sql(str(compiled), parameters)
@@ -65,15 +65,17 @@ def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
             transaction.rollback()
         first = rows[0]._mapping
         if cycle:  # settled made[0], claimed the next row
-            assert (first["s_occurrence_id"], first["c_occurrence_id"], first["checked"]) == (
-                made[0],
-                made[1],
-                1,
-            )
-        else:  # the settled row, and the heads: made[1] due first (eligible unless filtered out)
+            claimed = (first["s_occurrence_id"], first["c_occurrence_id"], first["checked"])
+            assert claimed == (made[0], made[1], 1)
+            return
+        if name.startswith("cycle_read"):
             assert first["settled_occurrence_id"] == made[0]
-            due = made[1:] if name.endswith("window") else made[1:2]  # the window: up to 8 per status
-            assert {row.occurrence_id: row.job_ok for row in rows} == dict.fromkeys(due, kinds is None)
+        # the heads: made[1] due first (eligible unless filtered out); a window reads up to 8
+        due = made[1:] if name.endswith("window") else made[1:2]
+        assert {row.occurrence_id: row.job_ok for row in rows} == dict.fromkeys(due, kinds is None)
+        if name != "cycle_read_window":  # a plain head is locked as it is now
+            locked = {row.locked_occurrence_id for row in rows} - {None}
+            assert (locked, first["head_plain"]) == (({made[1]}, True) if kinds is None else (set(), False))
     finally:
         store.close()
         postgres_server.drop_schema(schema)

@@ -379,7 +379,9 @@ def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statisti
         paused = store.claim_occurrence(occurrence_id=pausable.id, owner_id="w", lease_ms=60_000)
         assert paused is not None
         store.request_occurrence_pause(
-            occurrence_id=paused.id, expected_fence=paused.fence, request_id="pause-1",
+            occurrence_id=paused.id,
+            expected_fence=paused.fence,
+            request_id="pause-1",
             capability=CHECKPOINT_CAPABILITY,
         )
         final = store.claim_next(owner_id="w", lease_ms=60_000, job_kind="final")
@@ -393,12 +395,18 @@ def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statisti
             statements["retry_wait"], captured[:] = captured[:], []
             error = {"code": "HANDLER_FAILED", "message": "m"}
             dead = store.settle(
-                occurrence_id=final.id, owner_id="w", fence=final.fence, outcome="failed", retryable=False,
+                occurrence_id=final.id,
+                owner_id="w",
+                fence=final.fence,
+                outcome="failed",
+                retryable=False,
                 error=error,
             )
             statements["dead_letter"], captured[:] = captured[:], []
             store.requeue_dead_letter(
-                occurrence_id=dead.id, expected_fence=dead.fence, expected_error_code="HANDLER_FAILED",
+                occurrence_id=dead.id,
+                expected_fence=dead.fence,
+                expected_error_code="HANDLER_FAILED",
                 request_id="rq1",
             )
             statements["requeue"], captured[:] = captured[:], []
@@ -408,8 +416,12 @@ def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statisti
             control = store.get_occurrence_control(paused.id)
             assert control is not None
             store.ack_occurrence_pause(
-                occurrence_id=paused.id, owner_id="w", fence=paused.fence, request_id="pause-1",
-                expected_revision=control.revision, safe_point="adapter_checkpoint",
+                occurrence_id=paused.id,
+                owner_id="w",
+                fence=paused.fence,
+                request_id="pause-1",
+                expected_revision=control.revision,
+                safe_point="adapter_checkpoint",
             )
             statements["park"], captured[:] = captured[:], []
             control = store.get_occurrence_control(paused.id)
