@@ -53,6 +53,10 @@ class InstalledWheel:
         location = shown.stdout.strip()
         assert location.startswith(str(self.venv)), location
         assert (Path(location) / "v1.py").is_file()
+        queries = self.run(
+            "-c", "from scheduler.backends.postgresql import queries; print(len(queries.SQL))", cwd=self.venv
+        )
+        assert queries.returncode == 0 and int(queries.stdout) >= 5, queries.stderr  # queries.sql shipped
         return location
 
 
