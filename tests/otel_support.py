@@ -1,13 +1,24 @@
-"""The OpenTelemetry SDK in tests: an in-memory metric reader as the global meter provider."""
+"""Observability in tests: the store's state-change log records, and the OpenTelemetry SDK with an
+in-memory metric reader as the global meter provider."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from scheduler.store.plumbing import telemetry
+
+
+def state_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The captured records of state changes (``scheduler.events``: those with a ``state``)."""
+    return [record for record in caplog.records if hasattr(record, "state")]
+
+
+def states(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.state for record in state_records(caplog)]  # type: ignore[attr-defined]
 
 
 @pytest.fixture

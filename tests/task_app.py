@@ -7,6 +7,7 @@ forked processes start at once."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any, Final
 
 from scheduler import Tasks
@@ -47,6 +48,10 @@ APP: Final = textwrap.dedent(
 environment names a database (``TASKS_TEST_URL``), ``tasks = make(...)`` on it."""
 
 
+def app_home(directory: Path) -> Path:
+    """``directory`` holding the application module (``app_module.py``), as a user's project would."""
+    (directory / "app_module.py").write_text(APP)
+    return directory
 
 
 def make_app(target: str, schema: str | None = None, **options: Any) -> Tasks:

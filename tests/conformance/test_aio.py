@@ -397,18 +397,6 @@ def test_open_async_store_refuses_a_sync_engine_and_bad_options(tmp_path: Path) 
     engine.dispose()
 
 
-def test_memory_database_and_the_default_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SCHEDULER_HOME", str(tmp_path / "home"))
-
-    async def body() -> None:
-        for target in (":memory:", None):
-            async with await open_async_store(target, clock=lambda: T0) as store:
-                assert (await store.schema_info()).schema_version == 6
-
-    asyncio.run(body())
-    assert (tmp_path / "home" / "kernel-v1.sqlite").exists()
-
-
 def test_on_connection_enqueues_inside_the_callers_transaction(aio_place: AioPlace) -> None:
     async def body() -> list[str]:
         store = await aio_place.open_async("outbox", **options())

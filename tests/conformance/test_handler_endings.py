@@ -5,10 +5,10 @@ A handler that raises ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` o
 logged with the occurrence): the worker's event loop and lanes keep working, so the occurrence
 queued behind it runs. Sync and ``async def`` handlers, a stray loop callback, a periodic job,
 ``run_until_idle`` (which re-raises ``SystemExit``/``KeyboardInterrupt`` to its caller after the
-settlement) and a real ``scheduler worker`` process, on a SQLite file and a PostgreSQL schema;
-the matrix of endings × sync/async only on SQLite (what a handler raises does not reach the
-database; the process test runs on both). (Hanging handlers and handlers cancelled at shutdown:
-``test_worker_shutdown.py``.)
+settlement) and a real ``scheduler worker`` process, on a SQLite file and a PostgreSQL schema.
+The matrix of endings × sync/async runs on SQLite only (what a handler raises does not reach the
+database): ``tests/backends/sqlite/test_worker_base_exceptions.py``. (Hanging handlers and
+handlers cancelled at shutdown: ``test_worker_shutdown.py``.)
 API §9.
 """
 
@@ -17,75 +17,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from handler_endings_support import SLOW_RETRY, raising, status, still_works
 from process_support import start_scheduler, stop_gracefully
-from store_places import StorePlace, sqlite_only
+from store_places import StorePlace
 from worker_process_support import db_options, status_of
 
-from scheduler.worker import RetryPolicy, Worker
+from scheduler.worker import Worker
 from tests.worker_support import add_job, enqueue, running, wait_for
-
-SLOW_RETRY = RetryPolicy(base_ms=60_000, max_ms=60_000, jitter=0.0)
-ENDINGS: dict[str, type[BaseException]] = {
-    "SystemExit": SystemExit,
-    "KeyboardInterrupt": KeyboardInterrupt,
-    "GeneratorExit": GeneratorExit,
-    "CancelledError": asyncio.CancelledError,
-}
-
-
-def raising(style: str, ending: type[BaseException]) -> Callable[..., Any]:
-    if style == "sync":
-
-        def sync_handler(occurrence: Any, ctx: Any) -> Any:
-            raise ending("the handler ended so")
-
-        return sync_handler
-
-    async def async_handler(occurrence: Any, ctx: Any) -> Any:
-        await asyncio.sleep(0.01)
-        raise ending("the handler ended so")
-
-    return async_handler
-
-
-async def still_works(occurrence: Any, ctx: Any) -> str:
-    await asyncio.sleep(0.01)  # on the worker's one event loop, after the bad handler ran there
-    return "still working"
-
-
-def status(store: Any, occurrence_id: str) -> tuple[str, int, Any]:
-    current = store.get_occurrence(occurrence_id)
-    return current.status, current.attempt, current.last_error
-
-
-@sqlite_only
-@pytest.mark.parametrize("style", ["async", "sync"])
-@pytest.mark.parametrize("ending", sorted(ENDINGS))
-def test_a_base_exception_fails_the_attempt_and_the_worker_goes_on(
-    place: StorePlace, style: str, ending: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="scheduler")
-    store = place.open()
-    add_job(store, "bad", max_attempts=3)
-    add_job(store, "good")
-    bad = enqueue(store, "bad", "one", at=0)
-    good = enqueue(store, "good", "two", at=1)
-    handlers = {"bad": raising(style, ENDINGS[ending]), "good": still_works}
-    worker = Worker(store, handlers, retry=SLOW_RETRY, periodic=False, poll_max_ms=100, lease_ms=5_000)
-    with running(worker) as thread:
-        wait_for(lambda: status(store, good)[0] == "succeeded", 15, "the occurrence behind it")
-        assert thread.is_alive()
-    assert status(store, bad) == ("retry_wait", 1, {"code": ending, "message": "the handler ended so"})
-    failed = [
-        record for record in caplog.records if record.getMessage().startswith(f"handler failed: {ending}")
-    ]
-    assert len(failed) == 1 and getattr(failed[0], "occurrence", None) == bad and failed[0].exc_info
-    store.close()
 
 
 def test_a_stray_callback_raising_system_exit_does_not_kill_the_event_loop(

@@ -1,21 +1,14 @@
 """How long handlers ran: in the worker's log records and the ``scheduler.handler.duration``
-histogram (OpenTelemetry SDK, in-memory reader), on both backends; and docs/observability.md's
-Prometheus set-up run as written in a process of its own, scraped over HTTP on 127.0.0.1.
+histogram (OpenTelemetry SDK, in-memory reader), on both backends. (docs/observability.md's
+Prometheus set-up, on a SQLite file: ``tests/backends/sqlite/test_sqlite_observability.py``.)
 API §9 Observability.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import socket
-import subprocess
-import sys
-import textwrap
 import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +19,6 @@ from store_places import StorePlace
 from scheduler.worker import PermanentError, RetryPolicy, Worker
 from tests.worker_support import add_job, enqueue
 
-REPO = Path(__file__).resolve().parents[2]
 SLEEP_S = 0.03
 
 
@@ -94,83 +86,3 @@ def test_a_settle_without_a_worker_carries_no_duration(
     [record] = [r for r in caplog.records if getattr(r, "state", None) == "settled"]
     named = f"occurrence={occurrence_id} job=mail kind=email attempt=1 fence=1"
     assert record.duration_ms is None and record.getMessage() == f"settled {named}"
-
-
-def prometheus_block() -> str:
-    text = (REPO / "docs" / "observability.md").read_text(encoding="utf-8")
-    blocks = [
-        block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "PrometheusMetricReader" in block
-    ]
-    assert len(blocks) == 1, "one documented Prometheus set-up"
-    return blocks[0]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def test_the_documented_prometheus_setup_serves_the_schedulers_metrics(tmp_path: Path) -> None:
-    port = free_port()
-    documented = prometheus_block()
-    assert "port=9464" in documented and "/var/lib/app/kernel-v1.sqlite" in documented
-    script = documented.replace("port=9464", f"port={port}").replace(
-        "/var/lib/app/kernel-v1.sqlite", str(tmp_path / "kernel.sqlite")
-    )
-    script += textwrap.dedent(
-        """
-        import sys, time
-        from scheduler.worker import Worker
-
-        store.create_job(id="mail", kind="email", authority={"principal": {"type": "service", "id": "app"}},
-                         max_attempts=1)
-        for key in ("a", "b", "bad"):
-            store.enqueue_occurrence(job_id="mail", scheduled_for=0, trigger_key=key, payload={"key": key})
-
-        def send(occurrence, ctx):
-            time.sleep(0.01)
-            if occurrence.payload["key"] == "bad":
-                raise ValueError("no")
-            return "sent"
-
-        Worker(store, {"email": send}, periodic=False).run_until_idle()
-        print("ready", flush=True)
-        sys.stdin.read()  # serve until the test closes stdin
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.strip() == "ready", process.stderr.read() if process.stderr else line
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            assert response.status == 200
-            body = response.read().decode()
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        process.wait(timeout=30)
-    samples = {
-        line.split("{")[0]: line
-        for line in body.splitlines()
-        if line.startswith("scheduler_") and "{" in line
-    }
-    assert re.search(r'scheduler_claims_total\{[^}]*kind="email"[^}]*\} 3\.0', body), body
-    assert re.search(r'scheduler_settlements_total\{[^}]*outcome="succeeded"[^}]*\} 2\.0', body), body
-    assert re.search(r'scheduler_settlements_total\{[^}]*outcome="dead_lettered"[^}]*\} 1\.0', body), body
-    duration = r'scheduler_handler_duration_milliseconds_count\{[^}]*kind="email"[^}]*outcome="succeeded"'
-    assert re.search(duration + r"[^}]*\} 2\.0", body), body
-    assert re.search(
-        r'scheduler_queue_depth\{[^}]*kind="email"[^}]*status="dead_letter"[^}]*\} 1\.0', body
-    ), body
-    assert "scheduler_claim_latency_milliseconds_bucket" in samples
-    assert process.returncode == 0

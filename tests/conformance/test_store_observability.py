@@ -1,8 +1,8 @@
 """Observability: one log record per state change, emitted by the store, and OpenTelemetry metrics.
 
-The store's records and metrics are checked on both backends (``place``); the caller-transaction
-test spells SQLite's ``BEGIN IMMEDIATE`` and the no-OpenTelemetry test runs a child process on a
-file: SQLite only.
+The store's records and metrics, on both backends (``place``). On a SQLite file only (a caller's
+``BEGIN IMMEDIATE``, a child process without OpenTelemetry):
+``tests/backends/sqlite/test_sqlite_observability.py``.
 
 API §9 Observability.
 """
@@ -10,34 +10,20 @@ API §9 Observability.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
 
-from scheduler import SchedulerKernelError, SchedulerStore
+from scheduler import SchedulerKernelError
 from scheduler.store.plumbing import telemetry
 from scheduler.testing import SchedulerClock
 from scheduler.worker import Worker
 from tests.otel_support import meter_reader as meter_reader
-from tests.otel_support import metric_points
+from tests.otel_support import metric_points, state_records, states
 from tests.store_places import StorePlace
-from tests.worker_support import add_job, enqueue, new_store
+from tests.worker_support import add_job, enqueue
 
-REPO = Path(__file__).resolve().parents[2]
 FIELDS = ("occurrence", "job", "kind", "owner", "fence", "attempt")
-
-
-def state_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [record for record in caplog.records if hasattr(record, "state")]
-
-
-def states(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [record.state for record in state_records(caplog)]  # type: ignore[attr-defined]
 
 
 def test_a_full_cycle_logs_every_state_change_with_structured_fields(
@@ -119,22 +105,6 @@ def test_transaction_blocks_log_after_commit_and_never_for_a_rollback(
     store.close()
 
 
-def test_inside_a_callers_transaction_records_are_emitted_per_operation(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="scheduler.events")
-    path = tmp_path / "k.sqlite"
-    new_store(path).close()
-    engine = create_engine(f"sqlite:///{path}")
-    with engine.connect() as connection:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-        bound = SchedulerStore.on_connection(connection)
-        add_job(bound, "a")
-        assert states(caplog) == ["job created"]  # the caller still owns the commit
-        connection.rollback()
-    engine.dispose()
-
-
 def test_metrics_count_claims_and_settlements_and_report_latency_and_depth(
     place: StorePlace, meter_reader: Any
 ) -> None:
@@ -166,28 +136,3 @@ def test_metrics_count_claims_and_settlements_and_report_latency_and_depth(
     depth = {(p.attributes["kind"], p.attributes["status"]): p.value for p in points["scheduler.queue.depth"]}
     assert depth == {("email", "queued"): 1, ("email", "dead_letter"): 1}
     store.close()
-
-
-def test_without_opentelemetry_the_worker_runs_and_metrics_are_off(tmp_path: Path) -> None:
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["opentelemetry"] = None  # as if opentelemetry-api were not installed
-        from pathlib import Path
-        from scheduler.store.plumbing import telemetry
-        from scheduler.worker import Worker
-        from tests.worker_support import add_job, enqueue, new_store
-        store = new_store(Path({str(tmp_path / "k.sqlite")!r}))
-        add_job(store, "job")
-        enqueue(store, "job", "one")
-        assert Worker(store, {{"job": lambda o, c: 1}}, periodic=False).run_until_idle() == 1
-        assert telemetry.METRICS.instruments() is None
-        assert telemetry.observe_queue_depth(store.queue_depth) is False
-        print("ok")
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"

@@ -2,6 +2,8 @@
 ``scheduler worker MODULE:ATTR`` given a ``Tasks`` object (``--queues``), a queue's concurrency
 cap holding with 8 worker processes racing, and many processes registering the same definitions at
 once (creation, then a changed definition: one compare-and-set update, every process succeeds).
+(A worker given only ``--db`` on PostgreSQL serves its ``Tasks`` object's schema:
+``tests/backends/postgresql/test_tasks_worker_schema.py``.)
 
 API §10.
 """
@@ -23,11 +25,8 @@ from process_support import (
     stop_processes,
     wait_processes,
 )
-from sqlalchemy import create_engine
-from sqlalchemy.engine import URL
-from sqlalchemy.pool import NullPool
 from store_places import StorePlace
-from task_app import APP, make_app, register_app, run_app_worker
+from task_app import app_home, register_app, run_app_worker
 from tasks_support import app_environment, application, run_row, target_of
 from worker_process_support import db_options
 from worker_support import wait_for
@@ -39,9 +38,7 @@ RUNS = 24
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    """A directory holding the application module, as a user's project would."""
-    (tmp_path / "app_module.py").write_text(APP)
-    return tmp_path
+    return app_home(tmp_path)
 
 
 def live_leases(place: StorePlace, kind: str) -> int:
@@ -138,32 +135,6 @@ def test_many_processes_registering_at_once_all_succeed(place: StorePlace) -> No
     assert [tuple(row) for row in rows] == [("app.slow", 2), ("app.urgent", 1)]
     events = place.sql("SELECT event_type, count(*) FROM events GROUP BY event_type ORDER BY event_type")
     assert [tuple(row) for row in events] == [("job_created", 2), ("job_updated", 1)]
-
-
-def test_a_worker_given_only_db_serves_the_schema_of_its_tasks_object(home: Path, pg_database: URL) -> None:
-    """``scheduler worker app:tasks --db URL`` without ``--schema``: the schema is the ``Tasks``
-    object's (``Tasks(url, schema="shop")``), not the default ``scheduler``."""
-    url = pg_database.render_as_string(hide_password=False)
-    environment = {"TASKS_TEST_URL": url, "TASKS_TEST_SCHEMA": "shop"}
-    worker = start_scheduler(
-        home, "worker", "app_module:tasks", "--db", url, "--poll-max-ms", "50", environment=environment
-    )
-    try:
-        with make_app(url, "shop") as tasks:
-            assert tasks["app.urgent"].defer("hello").result(timeout_s=30) == "HELLO"
-    finally:
-        code, stderr = stop_gracefully(worker)
-    assert code == 0, stderr[-2000:]
-    engine = create_engine(pg_database, poolclass=NullPool)
-    try:
-        with engine.connect() as connection:
-            schemas = connection.exec_driver_sql(
-                "SELECT schema_name FROM information_schema.schemata"
-                " WHERE schema_name IN ('shop', 'scheduler')"
-            )
-            assert sorted(row[0] for row in schemas) == ["shop"]
-    finally:
-        engine.dispose()
 
 
 LEASE_MS = 1_000

@@ -15,7 +15,6 @@ import logging
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from sqlalchemy import Connection, event
 from store_places import StorePlace
 from tasks_support import target_of
 
-from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler import SchedulerKernelError, SchedulerStore
 from scheduler.worker import Worker
 from tests.worker_support import PAUSABLE, add_job, checkpointing, noop, run_noop_worker, running, wait_for
 
@@ -282,8 +281,8 @@ def test_a_run_that_finishes_alone_waits_at_most_settle_batch_ms(place: StorePla
     store.close()
 
 
-def test_settle_batch_ms_is_validated(tmp_path: Path) -> None:
-    with open_store(tmp_path / "k.sqlite") as store:
+def test_settle_batch_ms_is_validated(place: StorePlace) -> None:
+    with place.open() as store:
         for bad in (-1, 1_001, 2.5, "10", None, True):
             with pytest.raises(SchedulerKernelError) as raised:
                 Worker(store, {"k": noop}, settle_batch_ms=bad)

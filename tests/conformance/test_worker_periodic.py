@@ -1,46 +1,38 @@
-"""Periodic triggers fired by workers (API §9): due ticks, missed-tick policy, the recorded v6
-reference database continued with a fixed clock (SQLite files), and exactly-once across worker
-processes (on SQLite and PostgreSQL)."""
+"""Periodic triggers fired by workers (API §9): due ticks, missed-tick policy, and exactly-once
+across worker processes, on a SQLite file and a PostgreSQL schema (``place``). The recorded v6
+reference database continued: ``tests/backends/sqlite/test_periodic_reference_db.py``."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
-import pytest
 from store_places import PostgresSchemaPlace, StorePlace
 
-from scheduler import open_store
 from scheduler.testing import T0, SchedulerClock
 from scheduler.worker import Worker
-from tests.worker_support import add_job, new_store
+from tests.worker_support import add_job
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE_V6 = REPO / "tests" / "fixtures" / "reference-dbs" / "v6.sqlite"
 MINUTE = 60_000
 
 
-def keys_of(store: Any, job_id: str) -> list[str]:
+def keys_of(place: StorePlace, job_id: str) -> list[str]:
     """The job's trigger keys in tick order, read on a connection of its own."""
-    with sqlite3.connect(store.connection.engine.url.database) as connection:
-        rows = connection.execute(
-            "SELECT trigger_key FROM occurrences WHERE job_id = ? ORDER BY scheduled_for, trigger_key",
-            (job_id,),
-        ).fetchall()
+    rows = place.sql(
+        "SELECT trigger_key FROM occurrences WHERE job_id = ? ORDER BY scheduled_for, trigger_key", (job_id,)
+    )
     return [row[0] for row in rows]
 
 
-def test_due_ticks_are_enqueued_once_with_the_latest_missed_tick_policy(tmp_path: Path) -> None:
+def test_due_ticks_are_enqueued_once_with_the_latest_missed_tick_policy(place: StorePlace) -> None:
     clock = SchedulerClock(T0 + 30_000)  # jobs created 30 s after midnight
-    store = new_store(tmp_path / "k.sqlite", clock=clock)
+    store = place.open(clock=clock)
     add_job(store, "every-minute", kind="tick", trigger={"type": "interval", "everyMs": MINUTE, "anchor": T0})
     add_job(store, "quarterly", kind="tick", trigger={"type": "cron", "expression": "*/15 * * * *"})
     add_job(store, "reminder", kind="tick", trigger={"type": "once", "at": T0})  # already past: fires
@@ -58,18 +50,18 @@ def test_due_ticks_are_enqueued_once_with_the_latest_missed_tick_policy(tmp_path
     fired = worker.fire_due_triggers()
     assert sorted(o.trigger_key for o in fired) == ["cron:2026-01-01T00:45:00.000Z", "interval:47"]
     assert {o.scheduled_for for o in fired} == {T0 + 45 * MINUTE, T0 + 47 * MINUTE}
-    assert keys_of(store, "every-minute") == ["interval:1", "interval:47"]
-    assert keys_of(store, "webhook") == keys_of(store, "disabled") == keys_of(store, "unhandled") == []
+    assert keys_of(place, "every-minute") == ["interval:1", "interval:47"]
+    assert keys_of(place, "webhook") == keys_of(place, "disabled") == keys_of(place, "unhandled") == []
 
     other = Worker(store, {"tick": lambda o, c: None})  # a second worker: same ticks, deduplicated
     assert other.fire_due_triggers() == []
-    assert len(keys_of(store, "every-minute")) == 2
+    assert len(keys_of(place, "every-minute")) == 2
     store.close()
 
 
-def test_missed_ticks_all_catches_up_oldest_first_within_a_bound(tmp_path: Path) -> None:
+def test_missed_ticks_all_catches_up_oldest_first_within_a_bound(place: StorePlace) -> None:
     clock = SchedulerClock(T0)
-    store = new_store(tmp_path / "k.sqlite", clock=clock)
+    store = place.open(clock=clock)
     add_job(store, "every-minute", kind="tick", trigger={"type": "interval", "everyMs": MINUTE, "anchor": T0})
     worker = Worker(store, {"tick": lambda o, c: None}, missed_ticks="all", max_catch_up=5)
     assert [o.trigger_key for o in worker.fire_due_triggers()] == ["interval:0"]
@@ -77,46 +69,6 @@ def test_missed_ticks_all_catches_up_oldest_first_within_a_bound(tmp_path: Path)
     assert [o.trigger_key for o in worker.fire_due_triggers()] == ["interval:1", "interval:2", "interval:3"]
     clock.set(T0 + 20 * MINUTE)
     assert [o.trigger_key for o in worker.fire_due_triggers()] == [f"interval:{k}" for k in range(16, 21)]
-    store.close()
-
-
-def test_a_worker_continues_the_reference_database_without_refiring(tmp_path: Path) -> None:
-    if not REFERENCE_V6.exists():
-        pytest.fail(f"missing fixture {REFERENCE_V6}")
-    path = tmp_path / "v6.sqlite"
-    shutil.copyfile(REFERENCE_V6, path)
-    path.chmod(0o600)
-    clock = SchedulerClock(T0 + 20 * MINUTE)
-    store = open_store(path, clock=clock)
-    recorded = {
-        job: keys_of(store, job)
-        for job in ("agenda-standup-daily", "cowork-cron-sync", "routine-weekly-report")
-    }
-    kinds = ["agenda", "automation", "automation-event", "cowork-cron", "loop-iteration", "routine"]
-    worker = Worker(store, {kind: (lambda o, c: None) for kind in kinds})
-
-    # 00:20Z: every due tick is already recorded (cron:…00:15, interval:0), agenda's 01:00Z is in the future.
-    assert worker.fire_due_triggers() == []
-    clock.set(T0 + 30 * MINUTE)
-    assert [(o.job_id, o.trigger_key) for o in worker.fire_due_triggers()] == [
-        ("cowork-cron-sync", "cron:2026-01-01T00:30:00.000Z")
-    ]
-    clock.set(T0 + 60 * MINUTE)  # agenda's 09:00 Shanghai tick (01:00Z) was recorded: not fired again
-    assert [(o.job_id, o.trigger_key) for o in worker.fire_due_triggers()] == [
-        ("cowork-cron-sync", "cron:2026-01-01T01:00:00.000Z")
-    ]
-    clock.set(T0 + 14 * 24 * 60 * MINUTE + 2 * 60 * MINUTE)  # 2026-01-15T02:00Z
-    fired = sorted((o.job_id, o.trigger_key, o.scheduled_for) for o in worker.fire_due_triggers())
-    assert fired == [
-        ("agenda-standup-daily", "cron:2026-01-15T01:00:00.000Z", T0 + 14 * 1440 * MINUTE + 60 * MINUTE),
-        ("cowork-cron-sync", "cron:2026-01-15T02:00:00.000Z", T0 + 14 * 1440 * MINUTE + 120 * MINUTE),
-        ("routine-weekly-report", "interval:2", T0 + 14 * 1440 * MINUTE),
-    ]
-    for job, keys in recorded.items():
-        now = keys_of(store, job)
-        assert len(now) == len(set(now)) and set(keys) <= set(now)
-    # Disabled jobs (the once trigger among them) and event triggers never fire.
-    assert keys_of(store, "agenda-会议提醒") == [] and len(keys_of(store, "automation-event-webhook")) == 1
     store.close()
 
 
