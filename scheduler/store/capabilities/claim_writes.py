@@ -60,13 +60,6 @@ def _claim_update(*, guarded: bool) -> Any:
     return statement.where(PLAIN_CLAIM_GUARD) if guarded else statement
 
 
-def guarded_claim_update() -> Any:
-    """A fresh copy of ``CLAIM_GUARDED``'s statement, for ``cycle_statement`` to build on: a copy of
-    the shared one, once compiled, keeps its memoized column collections, and one built from it
-    with a ``RETURNING`` then lacks those columns (SQLAlchemy 2.x)."""
-    return _claim_update(guarded=True)
-
-
 _CLAIM: Final = Prepared(_claim_update(guarded=False))
 CLAIM_GUARDED: Final = Prepared(_claim_update(guarded=True))
 """``_CLAIM`` of a head claimed on its probed control, requeue and job facts (``LockedAsProbed``)."""
