@@ -122,6 +122,8 @@ def test_equals_settle_many_then_claim_batch_in_one_transaction(place: StorePlac
             claims = {"owner_id": "w1", "lease_ms": LEASE, **claims}
             got = twin_calls(cycle, block, settlements, claims)
             assert got[0] == ("error" if number < 3 else "ok"), number
+            if number < 3:  # the failing settlement's position
+                assert got[1:] == (LOST, {"index": [2, 0, 1][number]}), number
             if number == 3:  # settle what this cycle claimed, claiming nothing more
                 assert second.id in [item["id"] for item in got[1]["claimed"]]
                 settlements = [
@@ -272,6 +274,22 @@ def test_an_unrepresentable_lease_is_refused_before_any_lease_is_judged(env: Env
         LOST, lambda: env.store.settle_many_and_claim([settlement(lease)], owner_id="w", lease_ms=11, limit=0)
     )  # no claim, no lease to grant
     assert env.dump() == before
+
+
+def test_inside_a_transaction_block_it_commits_or_rolls_back_with_the_block(env: Env) -> None:
+    env.job()
+    (lease,) = held(env, 1)
+    env.enqueue(trigger_key="next")
+    before = env.dump()
+    with pytest.raises(RuntimeError), env.store.transaction() as tx:
+        cycle = tx.settle_many_and_claim([settlement(lease)], owner_id="w1", lease_ms=LEASE, limit=1)
+        assert len(cycle.settled) == len(cycle.claimed) == 1
+        raise RuntimeError("roll back")
+    assert env.dump() == before
+    with env.store.transaction() as tx:
+        cycle = tx.settle_many_and_claim([settlement(lease)], owner_id="w1", lease_ms=LEASE, limit=1)
+    assert env.store.get_occurrence(lease.id) == cycle.settled[0]
+    assert env.store.get_occurrence(cycle.claimed[0].id) == cycle.claimed[0]
 
 
 # ------------------------------------------------------------------ the edges
