@@ -220,7 +220,11 @@ class CycleGroups:
     ) -> tuple[list[Occurrence], dict[str, OccurrenceRuntime]]:
         """Settle ``members`` and claim in one transaction (reading the claimed runs' job kinds and
         controls there too), retrying without what cannot be settled; every member's lease is let
-        go of once it is settled or given up."""
+        go of once it is settled or given up.
+
+        Not one ``settle_many_and_claim``: a worker's claims may be more than one ``claim_batch``
+        (the Tasks worker's queues in order, capped queues), the runtimes are read in the same
+        transaction, and a failure is told to the settlements or to the claims by where it arose."""
         worker = self._worker
         retry = _Retry(worker._past_deadline)
         conflicts = 0

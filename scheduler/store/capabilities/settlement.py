@@ -416,9 +416,19 @@ def settle_in(
     return occurrence
 
 
-def settle_many_in(tx: Tx, requests: Sequence[SettleRequest]) -> list[Occurrence]:
-    """``settle_in`` for each request in order; a failure carries the item's index."""
-    settlements = _Settlements(tx, requests)
+def settle_many_in(
+    tx: Tx,
+    requests: Sequence[SettleRequest],
+    events: EventLog | None = None,
+    before: Callable[[], None] | None = None,
+) -> list[Occurrence]:
+    """``settle_in`` for each request in order; a failure carries the item's index.
+
+    ``events`` and ``before`` as in ``settle_in`` (``before`` runs once every row is read).
+    """
+    settlements = _Settlements(tx, requests, events)
+    if before is not None:
+        before()
     results: list[Occurrence] = []
     for index, request in enumerate(requests):
         try:
