@@ -81,7 +81,8 @@ _RUNTIMES: Final = Prepared(
     .select_from(
         _o.join(_j, _j.c.job_id == _o.c.job_id).outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
     )
-    .where(_o.c.occurrence_id.in_(bindparam("occurrence_ids", expanding=True)))
+    .where(_o.c.occurrence_id.in_(bindparam("occurrence_ids", expanding=True))),
+    ignores_kept_writes=True,  # run before the claims' kept writes: they go with the COMMIT
 )
 
 
