@@ -147,4 +147,4 @@ class WorkerReadOperations(StoreBase):
         """The occurrence's current job kind and runtime control (one read), or ``None`` if absent."""
         self._assert_open()  # a read checks the store before its arguments, like the seed's reads
         identifier = normalize_key(occurrence_id, "occurrenceId")
-        return self._read(lambda tx: occurrence_runtime_in(tx, identifier))
+        return self._read(lambda tx: occurrence_runtime_in(tx, identifier), one_statement=True)

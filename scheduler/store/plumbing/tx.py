@@ -313,12 +313,12 @@ class Tx:
             if count != write.expected:
                 raise write.conflict()
         if rest:
-            events = rest[0] if len(rest) == 1 else rest
+            rows = rest[0] if len(rest) == 1 else rest
             fast = self._fast
-            if commit and fast is not None:  # the COMMIT goes with the events where they are named
-                if fast.run(self._conn, EVENT_INSERT, events, commit=True) is not None:
-                    return
-            self.changes(EVENT_INSERT, events)
+            # the COMMIT goes with the events where they are named statements
+            if commit and fast is not None and fast.run(self._conn, EVENT_INSERT, rows, commit=True):
+                return
+            self.changes(EVENT_INSERT, rows)
 
     def _flush_and_commit(self, kept: list[KeptWrite], parts: list[tuple[Prepared, dict[str, Any]]]) -> None:
         statement = combined(tuple(part for part, _ in parts), checked=len(kept))
