@@ -231,6 +231,17 @@ def env_at(
         env.store.close()
 
 
+def settlement(occurrence: Any, outcome: str = "succeeded", **extra: Any) -> dict[str, Any]:
+    """``settle``'s keyword arguments for the holder of ``occurrence`` (a ``settle_many`` item)."""
+    return {
+        "occurrence_id": occurrence.id,
+        "owner_id": occurrence.lease_owner,
+        "fence": occurrence.fence,
+        "outcome": outcome,
+        **extra,
+    }
+
+
 def expect_error(code: str, call: Callable[[], Any]) -> SchedulerKernelError:
     with pytest.raises(SchedulerKernelError) as caught:
         call()

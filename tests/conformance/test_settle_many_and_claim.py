@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 from fastpath_support import Clock
-from lifecycle_support import AUTHORITY, INVALID, T0, Env, env_at, expect_error, refused_claims
+from lifecycle_support import (
+    AUTHORITY,
+    INVALID,
+    T0,
+    Env,
+    env_at,
+    expect_error,
+    refused_claims,
+    settlement,
+)
 from store_places import StorePlace
 
 from scheduler import SchedulerKernelError, SchedulerStore, SettledManyAndClaimed
@@ -30,16 +39,6 @@ OTHER_WORKSPACE = {"principal": {"type": "service", "id": "billing"}, "workspace
 def env(place: StorePlace) -> Iterator[Env]:
     with env_at(place) as opened:
         yield opened
-
-
-def settlement(occurrence: Any, outcome: str = "succeeded", **extra: Any) -> dict[str, Any]:
-    return {
-        "occurrence_id": occurrence.id,
-        "owner_id": occurrence.lease_owner,
-        "fence": occurrence.fence,
-        "outcome": outcome,
-        **extra,
-    }
 
 
 def held(env: Env, count: int, owner: str = "w1", lease_ms: int = LEASE) -> list[Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fastpath_support import Clock
-from lifecycle_support import T0, Env, env_at
+from lifecycle_support import T0, Env, env_at, settlement
 from sqlalchemy import Connection, event
 from store_places import StorePlace
 
@@ -40,16 +40,6 @@ INVALID = "SCHEDULER_INVALID_ARGUMENT"
 def env(place: StorePlace) -> Iterator[Env]:
     with env_at(place) as opened:
         yield opened
-
-
-def settlement(occurrence: Any, outcome: str = "succeeded", **extra: Any) -> dict[str, Any]:
-    return {
-        "occurrence_id": occurrence.id,
-        "owner_id": occurrence.lease_owner,
-        "fence": occurrence.fence,
-        "outcome": outcome,
-        **extra,
-    }
 
 
 def held(env: Env, count: int, job_id: str = "agenda-a", owner: str = "w1") -> list[Any]:
