@@ -1,9 +1,11 @@
-"""A batched worker's cycle: settle a group of ``--group`` runs and claim as many, three ways.
+"""A batched worker's cycle: settle a group of ``--group`` runs and claim as many, four ways.
 
 * ``settle_and_claim ×N``: one ``settle_and_claim`` per run (N commits per group);
 * ``settle_many_and_claim``: the group's settlements and claims in one call (one commit);
-* ``transaction(): settle_many + claim_batch``: the same in a ``store.transaction()`` block, as
-  the batched worker (``scheduler.worker.batching``) does it.
+* ``transaction(): settle_many + claim_batch``: the same in a ``store.transaction()`` block (each
+  call in a savepoint of its own);
+* ``commit_group``: the same as the batched worker (``scheduler.worker.batching``) does it, one
+  internal call that also reads the claimed runs' job kinds and controls.
 
 Each round gives each style a fresh database (a SQLite file, or a PostgreSQL schema with
 ``--url``) holding ``(cycles + 1) × group`` due occurrences, claims a first group, then times
@@ -31,11 +33,13 @@ from typing import Any
 from sqlalchemy import create_engine
 
 from scheduler import Occurrence, SchedulerStore, open_store
+from scheduler.store.capabilities.worker_groups import CommittedGroup, commit_group, group_claims
 
 OWNER = "bench-worker"
 LEASE_MS = 60_000
 AUTHORITY = {"principal": {"type": "service", "id": "bench"}}
 ENQUEUE_BATCH = 1000
+WORKER_CLAIMS = group_claims(OWNER, LEASE_MS, [("bench", None)])
 
 Style = Callable[[SchedulerStore, list[Occurrence], int], list[Occurrence]]
 
@@ -69,10 +73,17 @@ def in_one_block(store: SchedulerStore, held: list[Occurrence], group: int) -> l
         return tx.claim_batch(owner_id=OWNER, lease_ms=LEASE_MS, limit=group)
 
 
+def as_the_worker(store: SchedulerStore, held: list[Occurrence], group: int) -> list[Occurrence]:
+    done = commit_group(store, [settlement(occurrence) for occurrence in held], WORKER_CLAIMS, group)
+    assert isinstance(done, CommittedGroup), done
+    return done.claimed
+
+
 STYLES: dict[str, Style] = {
     "settle_and_claim ×N": one_by_one,
     "settle_many_and_claim": in_one_call,
     "transaction(): settle_many + claim_batch": in_one_block,
+    "commit_group (+ runtimes read)": as_the_worker,
 }
 
 
