@@ -46,6 +46,7 @@ from scheduler.store.records import (
     RuntimeControlOccurrence,
     SchemaInfo,
     SettledAndClaimed,
+    SettledManyAndClaimed,
 )
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ __all__ = [
     "SchedulerStore",
     "SchemaInfo",
     "SettledAndClaimed",
+    "SettledManyAndClaimed",
     "TaskCancelled",
     "TaskFailed",
     "TaskRun",

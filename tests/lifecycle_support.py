@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from backends import SQLITE
 from recorded import T0 as T0
 from store_places import SqliteFilePlace, StorePlace
 
@@ -230,8 +231,52 @@ def env_at(
         env.store.close()
 
 
+def settlement(occurrence: Any, outcome: str = "succeeded", **extra: Any) -> dict[str, Any]:
+    """``settle``'s keyword arguments for the holder of ``occurrence`` (a ``settle_many`` item)."""
+    return {
+        "occurrence_id": occurrence.id,
+        "owner_id": occurrence.lease_owner,
+        "fence": occurrence.fence,
+        "outcome": outcome,
+        **extra,
+    }
+
+
 def expect_error(code: str, call: Callable[[], Any]) -> SchedulerKernelError:
     with pytest.raises(SchedulerKernelError) as caught:
         call()
     assert caught.value.code == code, f"{caught.value.code}: {caught.value.message}"
     return caught.value
+
+
+@contextmanager
+def refused_claims(env: Env) -> Iterator[None]:
+    """A trigger that makes every claim UPDATE fail ('claim refused') while the block runs.
+
+    SQLite: a TEMP trigger on the store's own connection (not part of the stored catalog).
+    PostgreSQL: a trigger and its function in the store's schema, dropped afterwards.
+    """
+    if env.place.backend == SQLITE:
+        dbapi: Any = env.store.connection.connection.dbapi_connection
+        dbapi.execute(
+            "CREATE TEMP TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON main.occurrences "
+            "WHEN NEW.lease_owner IS NOT NULL BEGIN SELECT RAISE(ABORT, 'claim refused'); END"
+        )
+        try:
+            yield
+        finally:
+            dbapi.execute("DROP TRIGGER refuse_claim")
+        return
+    env.sql(
+        "CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'claim refused'; END $$"
+    )
+    env.sql(
+        "CREATE TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON occurrences FOR EACH ROW "
+        "WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION refuse_claim()"
+    )
+    try:
+        yield
+    finally:
+        env.sql("DROP TRIGGER refuse_claim ON occurrences")
+        env.sql("DROP FUNCTION refuse_claim()")

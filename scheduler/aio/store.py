@@ -151,6 +151,7 @@ class AsyncSchedulerStore:
     settle = _coroutine(SchedulerStore.settle)
     settle_many = _coroutine(SchedulerStore.settle_many)
     settle_and_claim = _coroutine(SchedulerStore.settle_and_claim)
+    settle_many_and_claim = _coroutine(SchedulerStore.settle_many_and_claim)
     release_lease = _coroutine(SchedulerStore.release_lease)
     history = _coroutine(SchedulerStore.history)
     list_dead_letters = _coroutine(SchedulerStore.list_dead_letters)

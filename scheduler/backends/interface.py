@@ -174,8 +174,11 @@ class Backend(Protocol):
 
     # ------------------------------------------------------------- transactions and statements
 
-    def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
-        """Start a transaction the store owns (its first statements)."""
+    def begin(
+        self, conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False
+    ) -> None:
+        """Start a transaction the store owns (its first statements). ``one_statement``: a read
+        that runs one statement, a snapshot of its own: the backend may begin no transaction."""
         ...
 
     def ensure_transaction(self, conn: Connection) -> None:

@@ -108,6 +108,15 @@ class SettledAndClaimed(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class SettledManyAndClaimed(Record):
+    """The result of ``settle_many_and_claim``: the settled occurrences, in the order of the
+    settlements, and the occurrences claimed after them, in claim order."""
+
+    settled: list[Occurrence]
+    claimed: list[Occurrence]
+
+
+@dataclass(frozen=True, slots=True)
 class Event(Record):
     event_id: int
     job_id: str

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
 from scheduler.store.capabilities.queues import claim_next_capped, notify_settlements
+from scheduler.store.capabilities.worker_groups import GroupClaims, group_claims
 from scheduler.store.capabilities.worker_reads import OccurrenceRuntime
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.records import Job, Occurrence
@@ -145,29 +146,12 @@ class TaskWorker(Worker):
                 return claimed
         return None
 
-    def _claim_group(self, store: SchedulerStore, limit: int) -> list[Occurrence]:
-        """The batched cycles' claims: up to ``limit`` runs, the queues in order (each drained before
-        the next is tried), a capped queue one capped claim at a time (its lock counts the runs
-        this transaction already claimed)."""
-        claimed: list[Occurrence] = []
-        for queue in self.kinds:
-            cap = self.caps.get(queue)
-            while len(claimed) < limit:
-                if cap is None:
-                    remaining = limit - len(claimed)
-                    claimed += store.claim_batch(
-                        owner_id=self.owner_id, lease_ms=self.lease_ms, limit=remaining, job_kind=queue
-                    )
-                    break
-                one = claim_next_capped(
-                    store, owner_id=self.owner_id, lease_ms=self.lease_ms, job_kind=queue, cap=cap
-                )
-                if one is None:
-                    break
-                claimed.append(one)
-            if len(claimed) >= limit:
-                break
-        return claimed
+    def _group_claims(self) -> GroupClaims:
+        """The batched cycles' claims: the queues in order (each drained before the next is tried),
+        a capped queue only below its cap (its lock counts the runs the group already claimed)."""
+        return group_claims(
+            self.owner_id, self.lease_ms, [(queue, self.caps.get(queue)) for queue in self.kinds]
+        )
 
     def _after_settle(self) -> None:
         self.tasks.signal.notify()

@@ -3,13 +3,14 @@
 One thread (the cycle thread) makes every claim and settlement of the worker's lanes. A lane takes
 a claimed occurrence from the work queue, runs it and hands its settlement back; the cycle thread
 gathers the settlements of the runs that finished and settles them together with the claims for the
-free lanes, in ONE transaction (``settle_many`` then the worker's claims, in ``store.transaction()``:
-one commit for many runs). A finished run waits for its group at most ``settle_batch_ms`` (at once
-when no other run is still going: nothing more would join the group).
+free lanes, in ONE store call and transaction (``commit_group``: the settlements, then the worker's
+claims, then the claimed runs' job kinds and controls; one commit for many runs, no savepoint per
+operation). A finished run waits for its group at most ``settle_batch_ms`` (at once when no other
+run is still going: nothing more would join the group).
 
 What does not change: a settlement is acknowledged only by the commit of its group (the lease stays
 held and renewed until then); a member whose settlement meets ``SCHEDULER_LEASE_LOST`` (cancelled,
-reclaimed) is dropped and the group retried without it (``settle_many`` is all-or-nothing), so the
+reclaimed) is dropped and the group retried without it (the call is all-or-nothing), so the
 others' settlements are never lost; claims follow the store's order, never exceed the free lanes,
 and stop with a stop request (a claim that raced the request is released at once).
 """
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from scheduler.contract.errors import SchedulerKernelError
-from scheduler.store.capabilities.worker_reads import OccurrenceRuntime, occurrence_runtimes
+from scheduler.store.capabilities.worker_groups import CommittedGroup, commit_group, runs_groups
+from scheduler.store.capabilities.worker_reads import OccurrenceRuntime
 from scheduler.store.plumbing.telemetry import describe, handler_timings
 from scheduler.store.records import Occurrence
 from scheduler.worker.execution import Settlement
@@ -57,7 +59,7 @@ class Finished:
 
 def batching_store(store: Any) -> bool:
     """Whether ``store`` has what batched cycles need (a ``SchedulerStore`` has)."""
-    return all(callable(getattr(store, name, None)) for name in ("transaction", "settle_many", "claim_batch"))
+    return runs_groups(store)
 
 
 class CycleGroups:
@@ -65,6 +67,7 @@ class CycleGroups:
 
     def __init__(self, worker: Worker, settle_batch_ms: int) -> None:
         self._worker = worker
+        self._claims = worker._group_claims()
         self._wait_s = settle_batch_ms / 1000
         self._work: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self._condition = threading.Condition()
@@ -218,9 +221,9 @@ class CycleGroups:
     def _commit(
         self, members: list[Finished], claims: int
     ) -> tuple[list[Occurrence], dict[str, OccurrenceRuntime]]:
-        """Settle ``members`` and claim in one transaction (reading the claimed runs' job kinds and
-        controls there too), retrying without what cannot be settled; every member's lease is let
-        go of once it is settled or given up."""
+        """Settle ``members`` and claim in one store call (``commit_group``: one transaction, the
+        claimed runs' job kinds and controls read there too), retrying without what cannot be
+        settled; every member's lease is let go of once it is settled or given up."""
         worker = self._worker
         retry = _Retry(worker._past_deadline)
         conflicts = 0
@@ -229,37 +232,34 @@ class CycleGroups:
                 members = [member for member in members if self._settleable(member)]
                 if not members and not claims:
                     return [], {}
-                settling = False
-                try:
-                    with handler_timings(_durations(members)), worker.store.transaction() as view:
-                        if members:
-                            settling = True
-                            view.settle_many([member.arguments for member in members])
-                            settling = False
-                        claimed = worker._claim_group(view, claims) if claims else []
-                        return claimed, occurrence_runtimes(view, [occurrence.id for occurrence in claimed])
-                except SchedulerKernelError as error:
-                    index = (error.details or {}).get("index") if settling else None
-                    member = members[index] if isinstance(index, int) and 0 <= index < len(members) else None
-                    if error.code == LEASE_LOST and member is not None:
-                        self._lost(member, retry.uncertain)
-                        members.remove(member)
-                    elif error.code == STORE_CLOSED:
-                        worker.stop(grace_ms=0)
-                        self._give_up(members, error)
-                        return [], {}
-                    elif error.code == CLAIM_CONFLICT and conflicts < _CLAIM_CONFLICT_RETRIES:
-                        conflicts += 1
-                        log.debug("claim conflict, trying again: %s", error.message)
-                    elif error.code != STORAGE_UNAVAILABLE and claims and not settling:
-                        log.warning("claim failed: %s: %s", error.code, error.message)
-                        claims = 0  # the claim half failed the group: settle alone
-                    elif error.code != STORAGE_UNAVAILABLE and member is not None:
-                        self._give_up([member], error)
-                        members.remove(member)
-                    elif error.code != STORAGE_UNAVAILABLE or not retry.again(error):
-                        self._give_up(members, error)
-                        return [], {}
+                with handler_timings(_durations(members)):
+                    done = commit_group(
+                        worker.store, [member.arguments for member in members], self._claims, claims
+                    )
+                if isinstance(done, CommittedGroup):
+                    return done.claimed, done.runtimes
+                error, settling = done.error, done.in_settlements
+                index = (error.details or {}).get("index") if settling else None
+                member = members[index] if isinstance(index, int) and 0 <= index < len(members) else None
+                if error.code == LEASE_LOST and member is not None:
+                    self._lost(member, retry.uncertain)
+                    members.remove(member)
+                elif error.code == STORE_CLOSED:
+                    worker.stop(grace_ms=0)
+                    self._give_up(members, error)
+                    return [], {}
+                elif error.code == CLAIM_CONFLICT and conflicts < _CLAIM_CONFLICT_RETRIES:
+                    conflicts += 1
+                    log.debug("claim conflict, trying again: %s", error.message)
+                elif error.code != STORAGE_UNAVAILABLE and claims and not settling:
+                    log.warning("claim failed: %s: %s", error.code, error.message)
+                    claims = 0  # the claim half failed the group: settle alone
+                elif error.code != STORAGE_UNAVAILABLE and member is not None:
+                    self._give_up([member], error)
+                    members.remove(member)
+                elif error.code != STORAGE_UNAVAILABLE or not retry.again(error):
+                    self._give_up(members, error)
+                    return [], {}
         finally:
             for member in members:
                 worker._keeper.release(member.lease)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from scheduler.contract.constants import MAX_LEASE_MS
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.storable import normalize_key
+from scheduler.store.capabilities.worker_groups import GroupClaims, group_claims
 from scheduler.store.capabilities.worker_reads import OccurrenceRuntime
 from scheduler.store.plumbing.telemetry import describe, handler_timing, record_claim_latency
 from scheduler.store.records import Job, Occurrence
@@ -542,11 +543,9 @@ class Worker:
         self.store.settle(**arguments)
         return self._claim() if claim_next else None
 
-    def _claim_group(self, store: SchedulerStore, limit: int) -> list[Occurrence]:
-        """Up to ``limit`` claims in ``store`` (a transaction's view: the batched cycles' claims)."""
-        return store.claim_batch(
-            owner_id=self.owner_id, lease_ms=self.lease_ms, limit=limit, job_kind=self._claim_kinds()
-        )
+    def _group_claims(self) -> GroupClaims:
+        """What the batched cycles claim for the free lanes (``claim_batch`` of every handled kind)."""
+        return group_claims(self.owner_id, self.lease_ms, [(self._claim_kinds(), None)])
 
     def _after_settle(self) -> None:
         """Called after a group of batched cycles settled (the Tasks worker wakes result waiters)."""

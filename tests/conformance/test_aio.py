@@ -148,6 +148,15 @@ async def _script(call: Call, outcomes: list[Any]) -> None:
     await step("list_domain_migrations")
     await step("get_domain_migration", "missing")
     await step("schema_info")
+    await step("enqueue_many", [{**key, "trigger_key": f"c{n}"} for n, key in enumerate(keys)])
+    held = await step("claim_batch", owner_id="w5", lease_ms=60_000, limit=2)
+    settle_held = [{"occurrence_id": item.id, "owner_id": "w5", "fence": item.fence, "outcome": "succeeded"}
+                   for item in held]  # fmt: skip
+    stale = [settle_held[0], {**settle_held[1], "fence": held[1].fence + 1}]
+    await step("settle_many_and_claim", stale, owner_id="w5", lease_ms=60_000, limit=2)  # lost at index 1
+    await step("settle_many_and_claim", settle_held, owner_id="w5", lease_ms=60_000, limit=1,
+               job_kind=["email"])  # fmt: skip
+    await step("settle_many_and_claim", [], owner_id="w5", lease_ms=60_000, limit=1001)  # invalid
     await step("get_job", 42)  # invalid argument
 
 

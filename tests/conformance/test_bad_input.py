@@ -111,6 +111,9 @@ BAD_LEASE = bad_positive(maximum=86_400_000)
 BAD_HISTORY_LIMIT = bad_positive()
 BAD_TRIGGER_LIMIT = st.one_of(wrong_types(), st.text(max_size=3), st.integers(min_value=MAX_SAFE + 1))
 BAD_BATCH_LIMIT = bad_positive(maximum=1000)
+BAD_CYCLE_LIMIT = st.one_of(
+    wrong_types(), st.text(max_size=3), st.integers(max_value=-1), st.integers(min_value=1001)
+)
 BAD_BOOLEAN = st.one_of(
     st.integers(), st.none(), st.text(max_size=2), st.floats(), st.lists(st.booleans(), max_size=1)
 )
@@ -170,6 +173,22 @@ def method_table(fx: Fixture) -> dict[str, tuple[Callable[..., Any], dict[str, A
                 "owner_id": bad_identifier(),
                 "lease_ms": BAD_LEASE,
                 "limit": BAD_BATCH_LIMIT,
+                "job_kind": bad_identifier(128, none=False),
+                "workspace_id": bad_identifier(256, none=False),
+            },
+        ),
+        "settle_many_and_claim": (
+            store.settle_many_and_claim,
+            {
+                "settlements": [{**running, "outcome": "succeeded"}],
+                "owner_id": "w2",
+                "lease_ms": 1000,
+                "limit": 3,
+            },
+            {
+                "owner_id": bad_identifier(),
+                "lease_ms": BAD_LEASE,
+                "limit": BAD_CYCLE_LIMIT,
                 "job_kind": bad_identifier(128, none=False),
                 "workspace_id": bad_identifier(256, none=False),
             },
@@ -307,7 +326,7 @@ def one_bad_batch_item_is_rejected(fixture: Fixture, data: st.DataObject) -> Non
     store = fixture.env.store
     valid_count = data.draw(st.integers(0, 3), label="valid items")
     index = data.draw(st.integers(0, valid_count), label="bad index")
-    if data.draw(st.booleans(), label="settle_many"):
+    if data.draw(st.booleans(), label="settlements"):
         good: list[Any] = [
             {"occurrence_id": fixture.running.id, "owner_id": "w1", "fence": 1, "outcome": "succeeded"}
             for _ in range(valid_count)
@@ -332,7 +351,11 @@ def one_bad_batch_item_is_rejected(fixture: Fixture, data: st.DataObject) -> Non
             }
         )
         extra, in_transaction = None, False
-        call: Callable[[list[Any]], Any] = store.settle_many
+        call: Callable[[list[Any]], Any] = (
+            store.settle_many
+            if data.draw(st.booleans(), label="without claims")
+            else lambda items: store.settle_many_and_claim(items, owner_id="w2", lease_ms=1000, limit=2)
+        )
     else:
         good = [
             {"job_id": "agenda-a", "scheduled_for": T0 + i, "trigger_key": f"batch-{i}"}
@@ -352,6 +375,10 @@ def one_bad_batch_item_is_rejected(fixture: Fixture, data: st.DataObject) -> Non
 def test_batches_must_be_lists(fixture: Fixture, requests: Any) -> None:
     assert_rejected(fixture, lambda: fixture.env.store.enqueue_many(requests))
     assert_rejected(fixture, lambda: fixture.env.store.settle_many(requests))
+    assert_rejected(
+        fixture,
+        lambda: fixture.env.store.settle_many_and_claim(requests, owner_id="w", lease_ms=1000, limit=1),
+    )
 
 
 def test_unknown_keywords_are_pythons_type_error(fixture: Fixture) -> None:

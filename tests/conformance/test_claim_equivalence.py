@@ -1,5 +1,6 @@
 """Claim order (API §5 claims, §7): every backend's claims choose exactly what the seed's v6
-``claimNext`` chooses, and ``settle_and_claim`` equals ``settle`` then ``claim_next``.
+``claimNext`` chooses, ``settle_and_claim`` equals ``settle`` then ``claim_next``, and
+``settle_many_and_claim`` equals ``settle_many`` then ``claim_batch``.
 
 A literal port of the seed's SQL (``claim_seed.py``: sweep, candidate SELECT, claim UPDATE and
 its bookkeeping) runs on a SQLite file in a transaction that is rolled back; then the backend's
@@ -56,7 +57,13 @@ from hypothesis import strategies as st
 from lifecycle_support import T0
 from store_places import PG_EXAMPLES_DIVISOR
 
-from scheduler import SchedulerStore, SettledAndClaimed, open_store
+from scheduler import (
+    SchedulerKernelError,
+    SchedulerStore,
+    SettledAndClaimed,
+    SettledManyAndClaimed,
+    open_store,
+)
 from scheduler.store.capabilities import claim_query
 
 ClaimPath = Callable[[], AbstractContextManager[Any]]
@@ -328,3 +335,95 @@ def test_settle_and_claim_equals_settle_then_claim_next(harness: ClaimHarness) -
             assert actual == expected, name
 
     check()
+
+
+MOSTLY_LIVE = st.fixed_dictionaries(
+    {
+        "outcome": st.sampled_from(["succeeded", "failed"]),
+        "retryable": st.booleans(),
+        "retry_at": st.sampled_from([None, NOW - 5, NOW + 500]),
+        "owner_id": st.sampled_from(["w-old"] * 7 + ["w-other"]),
+        "fence_offset": st.sampled_from([0] * 7 + [1]),
+        "held": st.sampled_from([True] * 7 + [False]),
+        "repeat": st.sampled_from([False] * 7 + [True]),
+    }
+)
+"""``SETTLEMENTS`` of a group: one of several failing fails the call, so each fails less often (and
+an occurrence is settled twice only with ``repeat``)."""
+
+
+def test_settle_many_and_claim_equals_settle_many_then_claim_batch(harness: ClaimHarness) -> None:
+    """One ``settle_many_and_claim`` leaves exactly the database (and returns exactly the records,
+    or the error with the same ``details``) that ``settle_many`` then ``claim_batch`` leave inside
+    one ``transaction()`` block of the SQLite store: several settlements (live, stale and repeated
+    leases) and 0..6 claims of another owner."""
+
+    @harness.settings()
+    @given(
+        state=states_strategy,
+        filters=FILTERS,
+        picks=st.lists(st.tuples(st.integers(0, 20), MOSTLY_LIVE), max_size=4),
+        limit=st.integers(0, 6),
+        spare=st.booleans(),
+    )
+    def check(
+        state: Any,
+        filters: tuple[Any, str | None],
+        picks: list[tuple[int, dict[str, Any]]],
+        limit: int,
+        spare: bool,
+    ) -> None:
+        jobs, occurrences = state
+        settlements: list[dict[str, Any]] = []
+        picked: set[int] = set()
+        for pick, settlement in picks:
+            index = pick % len(occurrences)
+            if index in picked and not settlement["repeat"]:
+                continue
+            picked.add(index)
+            target = occurrences[index]
+            if settlement["held"]:
+                target = replace(
+                    target, status="running", lease_expires_at=NOW + 1000, attempt=max(1, target.attempt)
+                )
+                occurrences = [*occurrences[:index], target, *occurrences[index + 1 :]]
+            settlements.append(
+                {
+                    "occurrence_id": target.occurrence_id,
+                    "owner_id": settlement["owner_id"],
+                    "fence": target.fence + settlement["fence_offset"],
+                    "outcome": settlement["outcome"],
+                    "retryable": settlement["retryable"],
+                    "retry_at": settlement["retry_at"],
+                }
+            )
+        if spare:  # a plainly claimable occurrence, so the claims often have work
+            extra = replace(
+                occurrences[0], occurrence_id="occ_spare", status="queued", available_at=NOW - 1000
+            )
+            occurrences = [*occurrences, replace(extra, attempt=0, control=None, retry=None, job=0)]
+        job_kind, workspace_id = filters
+        claims = {"owner_id": OWNER, "lease_ms": LEASE, "job_kind": job_kind, "workspace_id": workspace_id}
+
+        def two_calls() -> Any:
+            with harness.reference.transaction() as tx:
+                settled = tx.settle_many(settlements)
+                claimed = tx.claim_batch(**claims, limit=limit) if limit else []
+            return SettledManyAndClaimed(settled=settled, claimed=claimed)
+
+        harness.build((jobs, occurrences))
+        expected = harness.expected((with_details(two_calls), snapshot(harness.db)))
+        harness.build((jobs, occurrences))
+        actual = with_details(lambda: harness.store.settle_many_and_claim(settlements, **claims, limit=limit))
+        assert (actual, harness.tables()) == expected
+        note("error" if isinstance(actual, tuple) else "claimed" if actual.claimed else "settled only")
+
+    check()
+
+
+def with_details(run: Callable[[], Any]) -> Any:
+    """``outcome``, with an error's ``details`` (a failed settlement's index)."""
+    try:
+        return run()
+    except SchedulerKernelError as error:
+        return ("error", error.code, error.details)

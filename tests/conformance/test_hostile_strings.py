@@ -232,6 +232,7 @@ def _running(w: dict[str, Any]) -> dict[str, Any]:
 
 
 _CYCLE: dict[str, Any] = {"outcome": "failed", "lease_ms": 1000}  # settle_and_claim's other arguments
+_GROUP: dict[str, Any] = {"owner_id": "w", "lease_ms": 1000, "limit": 2}  # settle_many_and_claim's claims
 
 
 def _enqueue(**kw: Any) -> dict[str, Any]:
@@ -319,6 +320,15 @@ METHOD_SLOTS: dict[str, list[Slot]] = {
         key(lambda s, w, v: s.settle_and_claim(**_running(w), **_CYCLE, job_kind=["none", v]), 128),
         key(lambda s, w, v: s.settle_and_claim(**_running(w), **_CYCLE, workspace_id=v)),
         closed(lambda s, w, v: s.settle_and_claim(**_running(w), outcome=v, lease_ms=1000)),
+    ],
+    "settle_many_and_claim": [
+        key(lambda s, w, v: s.settle_many_and_claim([{**_running(w), "owner_id": v, "outcome": "failed"}],
+                                                    **_GROUP)),
+        key(lambda s, w, v: s.settle_many_and_claim([], **{**_GROUP, "owner_id": v})),
+        key(lambda s, w, v: s.settle_many_and_claim([], **_GROUP, job_kind=v), 128),
+        key(lambda s, w, v: s.settle_many_and_claim([], **_GROUP, job_kind=["none", v]), 128),
+        key(lambda s, w, v: s.settle_many_and_claim([], **_GROUP, workspace_id=v)),
+        closed(lambda s, w, v: s.settle_many_and_claim([{**_running(w), "outcome": v}], **_GROUP)),
     ],
     "history": [
         key(lambda s, w, v: s.history(occurrence_id=v)),

@@ -5,7 +5,7 @@ the same rows (``scheduler.testing.dump_tables``), with event ids renumbered den
 
 One script drives both stores side by side: jobs and their updates, enqueues (deduplicated and
 once per trigger, one batch), claims (next, targeted, batched, filtered by kind and workspace),
-renewals, settlements (success, retry, dead letter, a batch, the one-commit cycle), requeue of a
+renewals, settlements (success, retry, dead letter, a batch, the one-commit cycles), requeue of a
 dead letter, cancellation, a ``transaction()`` block that rolls back, and the reads. Each call's
 result (its record as a dict, or its error code and details) is compared as it is made.
 """
@@ -154,7 +154,7 @@ def test_the_same_calls_return_the_same_records_and_leave_the_same_rows(twins: T
             ]
         )
     )
-    twins(
+    cycle = twins(
         lambda s: s.settle_and_claim(
             occurrence_id=batch[2]["id"],
             owner_id="w2",
@@ -163,6 +163,15 @@ def test_the_same_calls_return_the_same_records_and_leave_the_same_rows(twins: T
             result={"ok": True},
             lease_ms=1000,
             job_kind=["invoice"],
+        )
+    )
+    assert cycle is not None and cycle["claimed"] is not None
+    group = [{"occurrence_id": cycle["claimed"]["id"], "owner_id": "w2", "fence": 1, "outcome": "failed"}]
+    stale = [{**group[0], "fence": 2}]
+    twins(lambda s: s.settle_many_and_claim(stale, owner_id="w2", lease_ms=1000, limit=2))  # index 0
+    twins(
+        lambda s: s.settle_many_and_claim(
+            group, owner_id="w2", lease_ms=1000, limit=2, job_kind=["email", "invoice"]
         )
     )
     twins(lambda s: s.list_dead_letters(job_id="bill"))

@@ -9,12 +9,10 @@ API §5 Batches.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from backends import SQLITE
-from lifecycle_support import INVALID, T0, Env, env_at, expect_error
+from lifecycle_support import INVALID, T0, Env, env_at, expect_error, refused_claims
 from store_places import StorePlace
 
 from scheduler import SettledAndClaimed
@@ -66,39 +64,6 @@ def test_nothing_left_to_claim_returns_none(env: Env) -> None:
     )
     assert outcome.settled.status == "dead_letter"
     assert outcome.claimed is None
-
-
-@contextmanager
-def refused_claims(env: Env) -> Iterator[None]:
-    """A trigger that makes every claim UPDATE fail ('claim refused') while the block runs.
-
-    SQLite: a TEMP trigger on the store's own connection (not part of the stored catalog).
-    PostgreSQL: a trigger and its function in the store's schema, dropped afterwards.
-    """
-    if env.place.backend == SQLITE:
-        dbapi: Any = env.store.connection.connection.dbapi_connection
-        dbapi.execute(
-            "CREATE TEMP TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON main.occurrences "
-            "WHEN NEW.lease_owner IS NOT NULL BEGIN SELECT RAISE(ABORT, 'claim refused'); END"
-        )
-        try:
-            yield
-        finally:
-            dbapi.execute("DROP TRIGGER refuse_claim")
-        return
-    env.sql(
-        "CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql "
-        "AS $$ BEGIN RAISE EXCEPTION 'claim refused'; END $$"
-    )
-    env.sql(
-        "CREATE TRIGGER refuse_claim BEFORE UPDATE OF lease_owner ON occurrences FOR EACH ROW "
-        "WHEN (NEW.lease_owner IS NOT NULL) EXECUTE FUNCTION refuse_claim()"
-    )
-    try:
-        yield
-    finally:
-        env.sql("DROP TRIGGER refuse_claim ON occurrences")
-        env.sql("DROP FUNCTION refuse_claim()")
 
 
 def test_a_failed_claim_half_writes_nothing(env: Env) -> None:

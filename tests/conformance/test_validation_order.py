@@ -139,6 +139,7 @@ WRITES: dict[str, Callable[[SchedulerStore], Any]] = {
     "settle": lambda s: s.settle(**_RUN, outcome="succeeded"),
     "settle_many": lambda s: s.settle_many([{**_RUN, "outcome": "done"}]),
     "settle_and_claim": lambda s: s.settle_and_claim(**_RUN, outcome="succeeded", lease_ms=0),
+    "settle_many_and_claim": lambda s: s.settle_many_and_claim([], owner_id="w", lease_ms=10, limit=-1),
     "set_authority_policy": lambda s: s.set_authority_policy(
         PRINCIPAL, capabilities=[], window_ms=60_000, max_runs=1, max_units=1
     ),

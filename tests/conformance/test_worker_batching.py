@@ -104,6 +104,27 @@ def test_concurrency_8_drains_the_runs_with_far_fewer_commits_than_runs(place: S
     assert commits <= runs // 4, commits
 
 
+def test_a_group_commits_without_a_savepoint(place: StorePlace) -> None:
+    runs = 64
+    with place.open() as setup:
+        add_job(setup, "noop")
+        enqueue_runs(setup, "noop", runs)
+    store = place.open()
+    seen: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, sql: str, *_args: Any) -> None:
+        seen.append(sql)
+
+    event.listen(store.connection, "before_cursor_execute", statement)
+    worker = Worker(store, {"noop": noop}, concurrency=4, periodic=False, poll_min_ms=5, poll_max_ms=20)
+    with running(worker):
+        wait_for(lambda: statuses(place).get("succeeded", 0) == runs, 60, "every run settled")
+    event.remove(store.connection, "before_cursor_execute", statement)
+    store.close()
+    assert statuses(place) == {"succeeded": runs}
+    assert [sql for sql in seen if re.match(r"\s*(SAVEPOINT|RELEASE)\b", sql, re.IGNORECASE)] == []
+
+
 def test_concurrency_1_still_settles_and_claims_in_one_commit_per_run(place: StorePlace) -> None:
     runs = 30
     commits = drained_with(place, runs, 1)

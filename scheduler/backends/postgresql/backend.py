@@ -185,16 +185,21 @@ def driver_in_transaction(conn: Connection) -> bool | None:
     return status != _IDLE
 
 
-def begin(conn: Connection, *, write: bool, fast: FastPath | None) -> None:
+def begin(conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False) -> None:
     """The start of a transaction the store owns (psycopg sends ``BEGIN`` with the first statement).
 
     Writes run READ COMMITTED (the connection's level) with row locks; a read is one
     ``REPEATABLE READ, READ ONLY`` snapshot, like SQLite's deferred ``BEGIN``. The lock timeout is
     a setting of the store's own connection (:func:`lock_timeout_sql`).
+
+    A read of ``one_statement`` needs no transaction (one statement reads one snapshot): with
+    named statements it runs alone in autocommit, no ``BEGIN`` or ``COMMIT`` round trip; else
+    without the ``SET TRANSACTION`` statement.
     """
-    if fast is not None and fast.defer_begin(conn, BEGIN_WRITE_SQL if write else BEGIN_READ_SQL):
+    begin = None if one_statement and not write else BEGIN_WRITE_SQL if write else BEGIN_READ_SQL
+    if fast is not None and fast.defer_begin(conn, begin):
         return
-    if not write:
+    if not write and not one_statement:
         conn.exec_driver_sql(READ_SNAPSHOT_SQL)
 
 

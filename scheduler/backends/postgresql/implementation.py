@@ -69,8 +69,10 @@ class PostgreSQLBackend:
     def text_values_parameter(self, values: list[str]) -> Any:
         return values
 
-    def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
-        postgresql.begin(conn, write=write, fast=fast)
+    def begin(
+        self, conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False
+    ) -> None:
+        postgresql.begin(conn, write=write, fast=fast, one_statement=one_statement)
 
     def ensure_transaction(self, conn: Connection) -> None:
         postgresql.ensure_transaction(conn)

@@ -115,9 +115,10 @@ def begin_transaction(conn: Connection, begin: str = BEGIN_WRITE, fast: FastPath
         conn.exec_driver_sql(begin)
 
 
-def begin(conn: Connection, *, write: bool, fast: FastPath | None) -> None:
+def begin(conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False) -> None:
     """The start of a transaction the store owns: ``BEGIN IMMEDIATE`` (write) or ``BEGIN``
-    (one read snapshot). Waiting for the lock is the connection's ``busy_timeout``."""
+    (one read snapshot, also for a read of ``one_statement``: a ``BEGIN`` costs no round trip
+    here). Waiting for the lock is the connection's ``busy_timeout``."""
     begin_transaction(conn, BEGIN_WRITE if write else BEGIN_READ, fast)
 
 

@@ -68,8 +68,10 @@ class SQLiteBackend:
     def text_values_parameter(self, values: list[str]) -> Any:
         return json.dumps(values)
 
-    def begin(self, conn: Connection, *, write: bool, fast: FastPath | None) -> None:
-        sqlite.begin(conn, write=write, fast=fast)
+    def begin(
+        self, conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False
+    ) -> None:
+        sqlite.begin(conn, write=write, fast=fast, one_statement=one_statement)
 
     def ensure_transaction(self, conn: Connection) -> None:
         sqlite.ensure_transaction(conn)

@@ -53,9 +53,10 @@ class StoreBase:
         """Tell the runner the store found no work (it may checkpoint the WAL)."""
         self._runner.idle()
 
-    def _read(self, operation: Callable[[Tx], T]) -> T:
-        """Run ``operation`` in one read snapshot."""
-        return self._runner.read(operation)
+    def _read(self, operation: Callable[[Tx], T], *, one_statement: bool = False) -> T:
+        """Run ``operation`` in one read snapshot. ``one_statement``: it runs exactly one
+        statement, which is its snapshot (on PostgreSQL then sent alone, without a transaction)."""
+        return self._runner.read(operation, one_statement=one_statement)
 
     @property
     def connection(self) -> Connection:
@@ -71,7 +72,7 @@ class StoreBase:
         return self._clock
 
     def _server_now(self) -> int:
-        return self._read(lambda tx: tx.now)
+        return self._read(lambda tx: tx.now, one_statement=True)
 
     @property
     def closed(self) -> bool:

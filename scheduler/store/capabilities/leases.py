@@ -39,7 +39,7 @@ from scheduler.store.capabilities.settle_request import (
 from scheduler.store.capabilities.settlement import lease_lost, settle_in, settle_many_in
 from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import RestartTransaction, Tx
-from scheduler.store.records import Occurrence, SettledAndClaimed
+from scheduler.store.records import Occurrence, SettledAndClaimed, SettledManyAndClaimed
 
 MAX_CLAIM_BATCH: Final = 1000
 
@@ -52,9 +52,10 @@ def normalize_lease_ms(value: Any) -> int:
     return lease
 
 
-def normalize_claim_batch_limit(value: Any) -> int:
-    if not is_safe_int(value) or not 1 <= value <= MAX_CLAIM_BATCH:
-        raise invalid_argument(f"limit must be an integer between 1 and {MAX_CLAIM_BATCH}")
+def normalize_claim_batch_limit(value: Any, minimum: int = 1) -> int:
+    """A number of claims: an ``int`` in ``minimum``..1000."""
+    if not is_safe_int(value) or not minimum <= value <= MAX_CLAIM_BATCH:
+        raise invalid_argument(f"limit must be an integer between {minimum} and {MAX_CLAIM_BATCH}")
     return value
 
 
@@ -139,6 +140,29 @@ def settle_and_claim_in(
     claimed = claim_in(tx, request.owner_id, lease_ms, claim_filter, 1, events, contention, probed)
     events.flush(tx)
     return SettledAndClaimed(settled=settled, claimed=claimed[0] if claimed else None)
+
+
+def settle_many_and_claim_in(
+    tx: Tx,
+    requests: Sequence[SettleRequest],
+    owner: str,
+    lease_ms: int,
+    claim_filter: ClaimFilter,
+    limit: int,
+) -> SettledManyAndClaimed:
+    """``settle_many_in`` then ``claim_in`` (up to ``limit`` claims for ``owner``, none for 0)
+    with the transaction's one ``now``; both halves' events are written with one INSERT."""
+    events = EventLog(tx)
+
+    def refuse_unrepresentable_lease() -> None:
+        """As ``settle_and_claim_in``'s: once the settled rows are read, before a lease is judged."""
+        lease_expiry(tx.now, lease_ms)
+
+    before = refuse_unrepresentable_lease if limit else None
+    settled = settle_many_in(tx, requests, events, before) if requests else []
+    claimed = claim_in(tx, owner, lease_ms, claim_filter, limit, events) if limit else []
+    events.flush(tx)
+    return SettledManyAndClaimed(settled=settled, claimed=claimed)
 
 
 def _finish_with_pick(tx: Tx) -> None:
@@ -337,3 +361,44 @@ class LeaseOperations(StoreBase):
             self._assert_open()
             return []
         return self._write(lambda tx: settle_many_in(tx, requests))
+
+    def settle_many_and_claim(
+        self,
+        settlements: Sequence[Mapping[str, Any]],
+        *,
+        owner_id: str,
+        lease_ms: int,
+        limit: int,
+        job_kind: str | Sequence[str] | None = None,
+        workspace_id: str | None = None,
+    ) -> SettledManyAndClaimed:
+        """``settle_many(settlements)``, then ``claim_batch`` for ``owner_id``: one commit for a
+        batched worker's cycle.
+
+        Both run in ONE write transaction with one clock sample; ``.settled`` is what
+        ``settle_many`` returns (in the order of ``settlements``), ``.claimed`` what
+        ``claim_batch(owner_id=owner_id, lease_ms=lease_ms, limit=limit, job_kind=job_kind,
+        workspace_id=workspace_id)`` would then return. Each settlement is a dict of ``settle``'s
+        keyword arguments (its own ``owner_id`` need not be the claimer's). ``settlements`` may be
+        empty (the call is then ``claim_batch``); ``limit`` is 0..1000, and 0 claims nothing
+        (the call is then ``settle_many``, and no expired lease is swept). Every argument of both
+        halves is validated first (``SCHEDULER_INVALID_ARGUMENT``, a settlement's error with
+        ``details["index"]``; nothing read or written). All or nothing: if a settlement fails
+        (e.g. ``SCHEDULER_LEASE_LOST`` with ``details["index"]``) or the claims do, nothing is
+        written and that error is raised; the leases are then still held, so the call can be
+        retried without the failed settlement.
+        """
+        requests: list[SettleRequest] = validate_batch(settlements, normalize_settle_mapping, "settlements")
+        owner = normalize_key(owner_id, "ownerId")
+        lease = normalize_lease_ms(lease_ms)
+        claim_filter = normalize_claim_filter(job_kind, workspace_id)
+        bounded = normalize_claim_batch_limit(limit, minimum=0)
+        if not requests and not bounded:
+            self._assert_open()
+            return SettledManyAndClaimed(settled=[], claimed=[])
+        cycle = self._write(
+            lambda tx: settle_many_and_claim_in(tx, requests, owner, lease, claim_filter, bounded)
+        )
+        if bounded and not cycle.claimed:
+            self._idle()
+        return cycle

@@ -29,7 +29,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.claim_query import ClaimFilter
 from scheduler.store.capabilities.leases import claim_in, normalize_lease_ms
-from scheduler.store.capabilities.occurrence_rows import occurrence_record, with_index
+from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record, with_index
 from scheduler.store.capabilities.occurrences import EnqueueRequest, enqueue_in, enqueue_once_in
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.plumbing.constructs import json_text_field
@@ -66,11 +66,21 @@ def live_leases_in(tx: Tx, kind: str) -> int:
 
 def claim_capped_in(tx: Tx, owner: str, lease_ms: int, kind: str, cap: int) -> Occurrence | None:
     """Under the kind's lock: ``claim_next`` of that kind if fewer than ``cap`` hold a live lease."""
-    tx.lock_keys(QUEUE_LOCKS, [kind])
-    if live_leases_in(tx, kind) >= cap:
-        return None
-    claimed = claim_in(tx, owner, lease_ms, ClaimFilter((kind,), None), 1)
+    claimed = claim_up_to_cap_in(tx, owner, lease_ms, kind, cap, 1)
     return claimed[0] if claimed else None
+
+
+def claim_up_to_cap_in(
+    tx: Tx, owner: str, lease_ms: int, kind: str, cap: int, limit: int, events: EventLog | None = None
+) -> list[Occurrence]:
+    """Under the kind's lock: up to ``limit`` successive claims of that kind (``claim_in``) while
+    fewer than ``cap`` hold a live lease; the same as that many ``claim_capped_in`` in a row (each
+    claim adds one live lease of the kind, a sweep none). ``events`` as ``claim_in``'s."""
+    tx.lock_keys(QUEUE_LOCKS, [kind])
+    room = min(limit, cap - live_leases_in(tx, kind))
+    if room <= 0:
+        return []
+    return claim_in(tx, owner, lease_ms, ClaimFilter((kind,), None), room, events)
 
 
 def count_live_leases(store: SchedulerStore, *, job_kind: str) -> int:

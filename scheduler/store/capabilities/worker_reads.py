@@ -3,14 +3,15 @@
 * ``list_periodic_jobs`` — enabled jobs whose trigger is ``cron``, ``interval`` or ``once`` (what
   a worker reads and writes per periodic job is in ``periodic_ticks``);
 * ``get_occurrence_runtime`` — the job kind and runtime control of a claimed occurrence in one read;
-  :func:`occurrence_runtimes` — the same for several (a worker's batched claims, in their transaction).
+  :func:`occurrence_runtimes_in` — the same for several (a worker's batched claims, in their
+  transaction: ``worker_groups``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from sqlalchemy import bindparam, select
 
@@ -30,9 +31,6 @@ from scheduler.store.plumbing.rows import map_job
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.tx import Tx
 from scheduler.store.records import Job, OccurrenceControl, Record, RuntimeControlOccurrence
-
-if TYPE_CHECKING:
-    from scheduler.store.facade import SchedulerStore
 
 PERIODIC_TRIGGER_TYPES: Final = ("cron", "interval", "once")
 
@@ -81,7 +79,8 @@ _RUNTIMES: Final = Prepared(
     .select_from(
         _o.join(_j, _j.c.job_id == _o.c.job_id).outerjoin(_c, _c.c.occurrence_id == _o.c.occurrence_id)
     )
-    .where(_o.c.occurrence_id.in_(bindparam("occurrence_ids", expanding=True)))
+    .where(_o.c.occurrence_id.in_(bindparam("occurrence_ids", expanding=True))),
+    ignores_kept_writes=True,  # run before the claims' kept writes: they go with the COMMIT
 )
 
 
@@ -93,15 +92,6 @@ def occurrence_runtimes_in(tx: Tx, occurrence_ids: Sequence[str]) -> dict[str, O
             occurrence_id=row.claimed_id, job_kind=row.job_kind, control=control
         )
     return runtimes
-
-
-def occurrence_runtimes(store: SchedulerStore, occurrence_ids: Sequence[str]) -> dict[str, OccurrenceRuntime]:
-    """``get_occurrence_runtime`` of each id in one read (inside ``store``'s transaction when
-    ``store`` is a ``store.transaction()`` view): ``{id: runtime}``, absent ids left out."""
-    identifiers = [normalize_key(identifier, "occurrenceId") for identifier in occurrence_ids]
-    if not identifiers:
-        return {}
-    return store._read(lambda tx: occurrence_runtimes_in(tx, identifiers))
 
 
 class WorkerReadOperations(StoreBase):
@@ -146,4 +136,4 @@ class WorkerReadOperations(StoreBase):
         """The occurrence's current job kind and runtime control (one read), or ``None`` if absent."""
         self._assert_open()  # a read checks the store before its arguments, like the seed's reads
         identifier = normalize_key(occurrence_id, "occurrenceId")
-        return self._read(lambda tx: occurrence_runtime_in(tx, identifier))
+        return self._read(lambda tx: occurrence_runtime_in(tx, identifier), one_statement=True)

@@ -176,9 +176,10 @@ class FastPath:
         """Whether a statement may carry the transaction's ``COMMIT`` (named statements are on)."""
         return self._server is not None
 
-    def defer_begin(self, conn: Connection, begin: str) -> bool:
+    def defer_begin(self, conn: Connection, begin: str | None) -> bool:
         """Start a store-owned transaction whose ``begin`` goes out with its first statement
         (psycopg in autocommit until it ends: :meth:`end_transaction`); whether it does.
+        ``None``: no ``BEGIN`` (a read of one statement, in autocommit: nothing to commit).
 
         The connection is idle here, so the statements noted since are prepared first.
         """
@@ -327,6 +328,8 @@ class FastPath:
             return False
         threshold = driver.prepare_threshold
         dbapi: Any = conn.connection.dbapi_connection  # SQLAlchemy's adapter on async psycopg
+        if server is not None and dbapi is self._dbapi and dbapi.info.transaction_status == _IDLE:
+            return True  # no transaction (a read of one statement, in autocommit): nothing to end
         reused = self._cursor is not None and dbapi is self._dbapi
         try:
             driver.prepare_threshold = None

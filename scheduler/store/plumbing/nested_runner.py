@@ -68,7 +68,7 @@ class NestedRunner(RunnerBase):
     def write(self, operation: Callable[[Tx], T]) -> T:
         return self._guarded(lambda: self._run(operation, sample_clock=True))
 
-    def read(self, operation: Callable[[Tx], T]) -> T:
+    def read(self, operation: Callable[[Tx], T], *, one_statement: bool = False) -> T:
         return self._guarded(lambda: self._read(operation))
 
     def _read(self, operation: Callable[[Tx], T]) -> T:

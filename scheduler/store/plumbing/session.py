@@ -90,8 +90,12 @@ class OwnedRunner(RunnerBase):
         with suppress(SchedulerKernelError):  # closed meanwhile: the housekeeping is optional
             self._guarded(lambda: wal.idle(self.conn))
 
-    def read(self, operation: Callable[[Tx], T]) -> T:
-        return self._guarded(lambda: self._run(operation, write=False, sample_clock=False))
+    def read(self, operation: Callable[[Tx], T], *, one_statement: bool = False) -> T:
+        """``one_statement``: ``operation`` runs exactly one statement (the backend may then
+        begin no transaction for it: ``Backend.begin``)."""
+        return self._guarded(
+            lambda: self._run(operation, write=False, sample_clock=False, one_statement=one_statement)
+        )
 
     def _prepare_driver(self) -> None:
         """``session_setup`` once per driver connection (accessing it reconnects if needed).
@@ -114,7 +118,14 @@ class OwnedRunner(RunnerBase):
                 raise
             raise classified from error
 
-    def _run(self, operation: Callable[[Tx], T], *, write: bool, sample_clock: bool = True) -> T:
+    def _run(
+        self,
+        operation: Callable[[Tx], T],
+        *,
+        write: bool,
+        sample_clock: bool = True,
+        one_statement: bool = False,
+    ) -> T:
         """Run ``operation`` in a transaction of its own; a write on a backend that runs owned
         writes again (``Backend.reruns_owned_writes``) may ask to (``CallMode.may_run_again``):
         it runs once more, with savepoints. A quiet cycle whose one statement missed
@@ -122,7 +133,7 @@ class OwnedRunner(RunnerBase):
         first = CallMode(may_run_again=write and self.backend.reruns_owned_writes)
         try:
             try:
-                return self._attempt(operation, write, sample_clock, call=first)
+                return self._attempt(operation, write, sample_clock, call=first, one_statement=one_statement)
             except WholeCycleMissed as missed:  # the cycle the usual way, still may run again
                 return self._attempt(
                     operation,
@@ -130,10 +141,16 @@ class OwnedRunner(RunnerBase):
                     sample_clock,
                     call=CallMode(may_run_again=first.may_run_again, as_one_statement=False),
                     clock_sample=missed.clock_sample,
+                    one_statement=one_statement,
                 )
         except RestartTransaction as restart:
             return self._attempt(
-                operation, write, sample_clock, call=CallMode(), clock_sample=restart.clock_sample
+                operation,
+                write,
+                sample_clock,
+                call=CallMode(),
+                clock_sample=restart.clock_sample,
+                one_statement=one_statement,
             )
 
     def _attempt(
@@ -144,6 +161,7 @@ class OwnedRunner(RunnerBase):
         *,
         call: CallMode,
         clock_sample: int | None = None,
+        one_statement: bool = False,
     ) -> T:
         returned = False
         tx: Tx | None = None
@@ -153,7 +171,7 @@ class OwnedRunner(RunnerBase):
         # SQLAlchemy Connection only begins one if a statement falls back to its execution.
         transaction = None if fast is not None else self.conn.begin()
         try:
-            self.backend.begin(self.conn, write=write, fast=fast)
+            self.backend.begin(self.conn, write=write, fast=fast, one_statement=one_statement)
             tx = self._tx(sample_clock, fast, call=call, clock_sample=clock_sample)
             result = operation(tx)
             changes = collect(tx)  # inside the transaction: before a COMMIT sent with the writes

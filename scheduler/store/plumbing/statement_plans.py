@@ -39,7 +39,7 @@ StoredRow: TypeAlias = Any
 class Prepared:
     """A module-level Core statement that may run through the compile-once fast path."""
 
-    __slots__ = ("dml", "locks", "passes_kept_writes", "reads_jobs_only", "statement")
+    __slots__ = ("dml", "ignores_kept_writes", "locks", "passes_kept_writes", "statement")
 
     def __init__(
         self,
@@ -47,13 +47,14 @@ class Prepared:
         *,
         passes_kept_writes: bool = False,
         locks: bool = False,
-        reads_jobs_only: bool = False,
+        ignores_kept_writes: bool = False,
     ) -> None:
         """``locks``: the statement writes or locks rows where its top level does not show it
-        (inside a ``WITH``); ``reads_jobs_only``: it reads ``jobs`` and nothing else, which no
-        write ``Tx.write_later`` keeps (occurrence updates, event rows) changes."""
+        (inside a ``WITH``); ``ignores_kept_writes``: it reads nothing that a write
+        ``Tx.write_later`` keeps changes (those are occurrence updates, which never change an
+        occurrence's ``job_id``, and event rows): e.g. ``jobs``, the controls, ``job_id``."""
         self.statement = statement
-        self.reads_jobs_only = reads_jobs_only
+        self.ignores_kept_writes = ignores_kept_writes
         self.passes_kept_writes = passes_kept_writes
         """A claim read that may run before writes ``Tx.write_later`` keeps (it reads only rows
         claimable or sweepable at the call's ``now``, and rows it locks itself)."""

@@ -219,7 +219,7 @@ def observe_queue_depth(read_depth: Callable[[], Iterable[tuple[str, str, int]]]
 
 
 _JOB_KIND: Final = Prepared(
-    select(t.jobs.c.kind).where(t.jobs.c.job_id == bindparam("job_id")), reads_jobs_only=True
+    select(t.jobs.c.kind).where(t.jobs.c.job_id == bindparam("job_id")), ignores_kept_writes=True
 )
 
 

@@ -284,8 +284,9 @@ class Tx:
         Kept writes and up to ``MULTI_ROW_EVENTS`` event rows go as one statement where the
         backend combines writes; more event rows follow in one ``executemany``. With ``commit``
         (the call's end, in a call the store may run again) that statement checks the counts itself and
-        the ``COMMIT`` may go with it (``FastPath.run``); a count that is not the one expected
-        then runs the call again (``RestartTransaction``), which reports the conflict.
+        the ``COMMIT`` may go with it (``FastPath.run``), or with the ``executemany`` of the
+        events that follow; a count that is not the one expected then runs the call again
+        (``RestartTransaction``), which reports the conflict.
         """
         kept, self._kept = self._kept, []
         rest = [*self._kept_events, *events]
@@ -309,7 +310,12 @@ class Tx:
             if count != write.expected:
                 raise write.conflict()
         if rest:
-            self.changes(EVENT_INSERT, rest[0] if len(rest) == 1 else rest)
+            rows = rest[0] if len(rest) == 1 else rest
+            fast = self._fast
+            # the COMMIT goes with the events where they are named statements
+            if commit and fast is not None and fast.run(self._conn, EVENT_INSERT, rows, commit=True):
+                return
+            self.changes(EVENT_INSERT, rows)
 
     def _flush_and_commit(self, kept: list[KeptWrite], parts: list[tuple[Prepared, dict[str, Any]]]) -> None:
         statement = combined(tuple(part for part, _ in parts), checked=len(kept))
@@ -361,7 +367,7 @@ class Tx:
         if (kept or self._kept_events or self._pick is not None) and not (
             statement is not None
             and (
-                statement.reads_jobs_only
+                statement.ignores_kept_writes
                 or (
                     self._pick is None
                     and statement.passes_kept_writes

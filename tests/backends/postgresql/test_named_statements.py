@@ -27,6 +27,7 @@ from test_postgresql_failures import AUTHORITY, T0, hold_job_row, retryable, sto
 from scheduler import SchedulerStore, open_store
 from scheduler.backends.postgresql import cycle_statement
 from scheduler.store.capabilities import settlement
+from scheduler.store.capabilities.worker_groups import CommittedGroup, commit_group, group_claims
 from scheduler.store.records import Occurrence
 from scheduler.testing import dump_tables
 
@@ -383,5 +384,60 @@ def test_a_statement_a_lock_kept_from_being_named_is_named_later(
             seen.clear()
             assert store.claim_next(owner_id="w", lease_ms=LEASE) is not None
             assert seen[0][0].startswith("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE scheduler_"), seen
+    finally:
+        engine.dispose()
+
+
+def test_a_read_of_one_statement_goes_alone_without_a_transaction(pg_engine: Engine, pg_schema: str) -> None:
+    """``get_occurrence_runtime`` (one statement): sent alone in autocommit, no ``BEGIN`` or
+    ``COMMIT`` of its own, the connection idle after it; the same result as inside a block."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(pg_engine.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    try:
+        with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+            held = warmed(store)
+            for _ in range(2):  # named from its second run
+                store.get_occurrence_runtime(held.id)
+            seen.clear()
+            runtime = store.get_occurrence_runtime(held.id)
+            sent = [sql for sql, _ in seen]
+            assert len(sent) == 1 and sent[0].startswith("EXECUTE scheduler_"), sent
+            assert store.connection.connection.driver_connection.info.transaction_status == 0
+            with store.transaction() as block:
+                assert block.get_occurrence_runtime(held.id) == runtime
+            assert runtime is not None and runtime.job_kind == "email"
+            assert store.get_occurrence_runtime("occ_missing") is None
+    finally:
+        engine.dispose()
+
+
+def test_a_worker_group_is_one_transaction_without_savepoints(pg_engine: Engine, pg_schema: str) -> None:
+    """A batched worker's group (``commit_group``) on the named statements: its ``BEGIN`` goes
+    with its first statement and its ``COMMIT`` with its last writes, and no ``SAVEPOINT`` is sent."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(pg_engine.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    steps = group_claims("w", LEASE, [("email", None)])
+    try:
+        with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+            store.create_job(id="job-1", kind="email", authority=AUTHORITY)
+            for n in range(40):
+                store.enqueue_occurrence(job_id="job-1", scheduled_for=T0, trigger_key=f"t{n}")
+            done = commit_group(store, [], steps, 8)
+            assert isinstance(done, CommittedGroup)
+            held = done.claimed
+            for _ in range(3):  # the group's statements are named from their second run
+                seen.clear()
+                settlements = [
+                    {"occurrence_id": one.id, "owner_id": "w", "fence": one.fence, "outcome": "succeeded"}
+                    for one in held
+                ]
+                done = commit_group(store, settlements, steps, 8)
+                assert isinstance(done, CommittedGroup) and len(done.claimed) == 8
+                held = done.claimed
+            sent = [sql for sql, _ in seen]
+            assert not [sql for sql in sent if "SAVEPOINT" in sql.upper()], sent
+            assert sum(sql.startswith("BEGIN") for sql in sent) == 1, sent
+            assert sum(sql.endswith("COMMIT") for sql in sent) == 1 and sent[-1].endswith("; COMMIT"), sent
+            assert len(sent) <= 10, sent  # BEGIN with the lock, reads, writes, runtimes, events with COMMIT
     finally:
         engine.dispose()
