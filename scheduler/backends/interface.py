@@ -14,7 +14,8 @@ Two kinds of knowledge meet at a call, and the interface keeps them apart:
   whether the store owns the transaction and may run the call again from the start
   (``may_run_again``), whether the call may still be sent as one statement (``as_one_statement``,
   false once such a statement missed). The backend reads them where it chooses a tactic
-  (:meth:`Backend.claim`, :meth:`Backend.settle_tactic`, :meth:`Backend.leave_cycle_to_writes`).
+  (:meth:`Backend.claim`, :meth:`Backend.settle_tactic`, :meth:`Backend.leave_cycle_to_writes`,
+  :meth:`Backend.leave_enqueue_to_writes`).
 
 Where each decision is taken:
 
@@ -26,8 +27,9 @@ Where each decision is taken:
 * whether a call may be run again from the start: the runner, from
   :attr:`Backend.reruns_owned_writes` and whether it owns the transaction, into
   ``CallMode.may_run_again``;
-* whether a whole cycle may be left to the call's writes statement (one statement): the backend
-  (:meth:`Backend.leave_cycle_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
+* whether a whole cycle, or a whole enqueue, may be left to the call's writes statement (one
+  statement): the backend (:meth:`Backend.leave_cycle_to_writes`,
+  :meth:`Backend.leave_enqueue_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
 
 The renderings of the neutral Core constructs (:mod:`scheduler.store.plumbing.constructs`) are not
 part of it: each backend registers them with SQLAlchemy's compiler when its ``backend`` module is
@@ -78,6 +80,28 @@ class CycleRead(Protocol):
     @property
     def heads(self) -> Sequence[StoredRow]:
         """The probe's rows, for :meth:`Backend.claim` (``probed``)."""
+        ...
+
+
+class EnqueueCall(Protocol):
+    """One validated ``enqueue_occurrence`` (the store's ``EnqueueRequest``), as
+    :meth:`Backend.leave_enqueue_to_writes` reads it."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def scheduled_for(self) -> int: ...
+
+    @property
+    def trigger_key(self) -> str: ...
+
+    @property
+    def available_at(self) -> int: ...
+
+    @property
+    def payload(self) -> Any:
+        """The caller's payload, or ``scheduler.contract.scalars.MISSING``: the job's."""
         ...
 
 
@@ -329,6 +353,12 @@ class Backend(Protocol):
         it the usual way."""
         ...
 
+    def leave_enqueue_to_writes(self, tx: Tx, request: EnqueueCall, lock: tuple[str, str]) -> bool:
+        """Leave a whole ``enqueue_occurrence`` to the call's writes statement where the backend
+        and the call allow it (``Tx.pick``: its result once the writes were sent); ``False`` to
+        run it the usual way. ``lock``: the scope and key the usual way holds (``Tx.lock_keys``)."""
+        ...
+
     # ------------------------------------------------------------- catalog
 
     def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
@@ -352,4 +382,4 @@ class Backend(Protocol):
         ...
 
 
-__all__ = ["Backend", "CycleRead", "KeyLocks", "NamedStatements", "SettleTactic"]
+__all__ = ["Backend", "CycleRead", "EnqueueCall", "KeyLocks", "NamedStatements", "SettleTactic"]

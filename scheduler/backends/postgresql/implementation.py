@@ -4,7 +4,7 @@ schema (psycopg 3; asyncpg under ``scheduler.aio``).
 READ COMMITTED writers run at once: a claim locks each candidate it read before claiming it
 (``claim_tactics``, ``claim_locks``), a settlement locks or checks the row it read, and a write
 the store owns is run again from the start where a row changed under it. Several writes go as
-one statement (``write_batch``, ``cycle_statement``); ``clock=None`` is the
+one statement (``write_batch``, ``cycle_statement``, ``enqueue_statement``); ``clock=None`` is the
 server's ``clock_timestamp()``; committed work notifies idle workers (``wakeups``).
 """
 
@@ -19,9 +19,16 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.sql import ColumnElement
 
-from scheduler.backends.interface import Backend, CycleRead, NamedStatements, SettleTactic
+from scheduler.backends.interface import Backend, CycleRead, EnqueueCall, NamedStatements, SettleTactic
 from scheduler.backends.postgresql import backend as postgresql
-from scheduler.backends.postgresql import claim_locks, claim_tactics, cycle_read, cycle_statement, wakeups
+from scheduler.backends.postgresql import (
+    claim_locks,
+    claim_tactics,
+    cycle_read,
+    cycle_statement,
+    enqueue_statement,
+    wakeups,
+)
 from scheduler.backends.postgresql.server_statements import ServerStatements, connection_fits, counts_differed
 from scheduler.schema.target import SchemaTarget
 
@@ -154,6 +161,14 @@ class PostgreSQLBackend:
             return False
         pending = cycle_statement.cycle_in_one_statement(tx, request, lease_ms, claim_filter, contention)
         return pending is not None
+
+    def leave_enqueue_to_writes(self, tx: Tx, request: EnqueueCall, lock: tuple[str, str]) -> bool:
+        """Where the call's writes may carry the enqueue, as for a cycle
+        (:meth:`leave_cycle_to_writes`)."""
+        call = tx.call
+        if not (call.may_run_again and self.combines_writes and tx.uses_fast_path and call.as_one_statement):
+            return False
+        return enqueue_statement.enqueue_in_one_statement(tx, request, lock) is not None
 
     def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
         return postgresql.schema_header(conn, target)

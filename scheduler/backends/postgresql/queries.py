@@ -2,11 +2,12 @@
 
 The statements are written as SQL, for a reviewer to read as SQL: a quiet claim's head probe and
 lock (``claim_head``: :mod:`.claim_tactics`), a settle_and_claim's first statement
-(``cycle_read``, ``cycle_read_window``: :mod:`.cycle_read`) and the whole successful cycle in
-one statement (``cycle``, ``cycle_window``: :mod:`.cycle_statement`). A ``{table}`` in the file
-is one of the scheduler's tables; it is rendered as the compiler renders that table, so a
-store's schema (``schema_translate_map``) applies to these statements as to every Core
-statement, on the fast path and on SQLAlchemy's own execution alike.
+(``cycle_read``, ``cycle_read_window``: :mod:`.cycle_read`), the whole successful cycle in
+one statement (``cycle``, ``cycle_window``: :mod:`.cycle_statement`), and an enqueue of a new
+identity with its lead lock (``enqueue``, ``enqueue_lock``: :mod:`.enqueue_statement`). A
+``{table}`` in the file is one of the scheduler's tables; it is rendered as the compiler renders
+that table, so a store's schema (``schema_translate_map``) applies to these statements as to
+every Core statement, on the fast path and on SQLAlchemy's own execution alike.
 """
 
 from __future__ import annotations
@@ -105,12 +106,22 @@ _CYCLE: Final = (
 LOCKED_PREFIX: Final = "locked_"
 """The columns of the head ``claim_head`` and ``cycle_read`` locked: ``locked_<column>``."""
 _LOCKED: Final = (*(LOCKED_PREFIX + name for name in _OCCURRENCE), "head_plain")
+_ENQUEUE: Final = (
+    "checked",
+    "server_now",
+    *_OCCURRENCE,
+    "job_authority_json",
+    "job_payload_json",
+    "job_trigger_json",
+)
 COLUMNS: Final = {
     "claim_head": (*_PROBED, *_LOCKED),
     "cycle_read": (*_READ, *_LOCKED),
     "cycle_read_window": _READ,
     "cycle": _CYCLE,
     "cycle_window": _CYCLE,
+    "enqueue_lock": ("locked",),
+    "enqueue": _ENQUEUE,
 }
 """Each statement's result columns, in order (``tests/backends/postgresql/test_postgresql_queries.py``
 checks them against the server's)."""
@@ -127,6 +138,8 @@ CYCLE_READ: Final = prepared("cycle_read")
 CYCLE_READ_WINDOW: Final = prepared("cycle_read_window")
 CYCLE: Final = prepared("cycle")
 CYCLE_WINDOW: Final = prepared("cycle_window")
+ENQUEUE_LOCK: Final = prepared("enqueue_lock")
+ENQUEUE: Final = prepared("enqueue")
 
 
 def filter_parameters(kinds: tuple[str, ...] | None, workspace_id: str | None) -> dict[str, Any]:

@@ -1,8 +1,9 @@
--- The hand-tuned statements of a settle_and_claim on PostgreSQL, as the server runs them.
+-- The hand-tuned statements of a settle_and_claim and of an enqueue on PostgreSQL, as the server
+-- runs them.
 --
 -- Each statement starts with a "-- name: <name>" line; scheduler/backends/postgresql/queries.py
 -- loads them. {table} stands for a scheduler table in the store's schema (the loader writes the
--- qualified name); :name is a bound parameter. Every statement takes
+-- qualified name); :name is a bound parameter. Every settle_and_claim statement takes
 --
 --   :p_id          the settled occurrence            :p_owner, :p_fence  its lease
 --   :now           the injected clock's ms, or NULL: the server's clock, read after the lock
@@ -768,3 +769,87 @@ SELECT CAST(CASE WHEN (SELECT count(*) FROM settled) = 1
 FROM cycle_clock
 LEFT JOIN settled AS s ON true
 LEFT JOIN claimed AS cl ON true
+
+
+-- name: enqueue_lock
+-- The lead of an enqueue in one statement: the advisory lock enqueue_in takes on the identity's
+-- key (Tx.lock_keys: :space is the schema's "enqueue" key space, :lock_key the job, time and
+-- trigger key), so that the enqueue statement's snapshot, taken after it, sees every committed
+-- enqueue of the same identity.
+SELECT pg_advisory_xact_lock(CAST(:space AS integer), hashtext(CAST(:lock_key AS text))) AS locked
+
+
+-- name: enqueue
+-- enqueue_occurrence of a new identity, sent with BEGIN and COMMIT in one round trip after
+-- enqueue_lock: it reads the job and the clock, inserts the occurrence and its event, and
+-- notifies the wake channel. Parameters: :job_id, :trigger_key, :scheduled_for, :available_at;
+-- :payload_json (the caller's payload as canonical JSON, or NULL: the job's); :now (as above);
+-- :job_texts (the sha256 of the job's authority, payload and trigger texts as the caller verified
+-- them, or NULL); :identity_head and :identity_tail (hex of the bytes the identity's digest is taken
+-- of before and after the revision's digits); :event_tail (the event data after the revision);
+-- :channel (the wake channel).
+-- It writes only when the job exists, is enabled, has a revision the identity accepts and stored
+-- texts that are the ones verified, and when no row holds the identity (ON CONFLICT: any unique
+-- key). The first column fails the statement, and the COMMIT with it, otherwise; but for a job
+-- whose texts are not the ones verified: then nothing is written, and the row carries the job's
+-- texts for the caller to verify. Either way the call then runs again the usual way.
+WITH enqueue_job AS MATERIALIZED (
+    SELECT j.revision, j.enabled, j.max_attempts, j.authority_json, j.payload_json, j.trigger_json,
+           encode(sha256(convert_to(j.authority_json, 'UTF8') || decode('00', 'hex')
+                         || convert_to(j.payload_json, 'UTF8') || decode('00', 'hex')
+                         || convert_to(j.trigger_json, 'UTF8')), 'hex')
+               IS NOT DISTINCT FROM CAST(:job_texts AS text) AS verified
+    FROM {jobs} AS j
+    WHERE j.job_id = :job_id
+),
+enqueue_clock AS MATERIALIZED (
+    SELECT coalesce(CAST(:now AS bigint), floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now
+),
+identity AS MATERIALIZED (  -- derive_occurrence_identity of the job's revision
+    SELECT encode(sha256(decode(CAST(:identity_head AS text), 'hex')
+                         || convert_to(CAST(revision AS text), 'UTF8')
+                         || decode(CAST(:identity_tail AS text), 'hex')), 'hex') AS digest,
+           revision, max_attempts, authority_json, payload_json
+    FROM enqueue_job
+    WHERE verified AND enabled = 1 AND revision BETWEEN 1 AND 9007199254740991
+),
+inserted AS (
+    INSERT INTO {occurrences} (occurrence_id, job_id, job_revision, idempotency_key, trigger_key,
+                               scheduled_for, available_at, status, attempt, max_attempts, fence,
+                               lease_owner, lease_expires_at, authority_json, payload_json,
+                               last_error_json, result_json, created_at, updated_at, settled_at)
+    SELECT 'occ_' || i.digest, CAST(:job_id AS text), i.revision, 'scheduler:v1:' || i.digest,
+           CAST(:trigger_key AS text), CAST(:scheduled_for AS bigint), CAST(:available_at AS bigint),
+           'queued', 0, i.max_attempts, 0, NULL, NULL, i.authority_json,
+           coalesce(CAST(:payload_json AS text), i.payload_json), NULL, NULL, c.now, c.now, NULL
+    FROM identity AS i, enqueue_clock AS c
+    ON CONFLICT DO NOTHING
+    RETURNING *
+),
+enqueued_event AS (
+    INSERT INTO {events} (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json)
+    SELECT job_id, occurrence_id, 'occurrence_enqueued', created_at, NULL, NULL,
+           '{"jobRevision":' || job_revision || CAST(:event_tail AS text)
+    FROM inserted
+    RETURNING 1
+),
+woken AS MATERIALIZED (
+    SELECT pg_notify(CAST(:channel AS text), '') AS sent FROM inserted
+)
+SELECT CAST(CASE WHEN (SELECT count(*) FROM inserted) = 1
+                  AND (SELECT count(*) FROM enqueued_event) = 1
+                  AND (SELECT count(*) FROM woken) = 1
+                 THEN '1'
+                 WHEN (SELECT NOT verified FROM enqueue_job) THEN '1'
+                 ELSE 'scheduler:kept-writes-changed' END AS integer) AS checked,
+       c.now AS server_now,
+       o.occurrence_id, o.job_id, o.job_revision, o.idempotency_key, o.trigger_key, o.scheduled_for,
+       o.available_at, o.status, o.attempt, o.max_attempts, o.fence, o.lease_owner,
+       o.lease_expires_at, o.authority_json, o.payload_json, o.last_error_json, o.result_json,
+       o.created_at, o.updated_at, o.settled_at,
+       CASE WHEN NOT j.verified THEN j.authority_json END AS job_authority_json,
+       CASE WHEN NOT j.verified THEN j.payload_json END AS job_payload_json,
+       CASE WHEN NOT j.verified THEN j.trigger_json END AS job_trigger_json
+FROM enqueue_clock AS c
+LEFT JOIN inserted AS o ON true
+LEFT JOIN enqueue_job AS j ON true

@@ -16,7 +16,7 @@ from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, bindp
 from sqlalchemy.engine import URL
 from sqlalchemy.sql import ColumnElement
 
-from scheduler.backends.interface import Backend, CycleRead, NamedStatements, SettleTactic
+from scheduler.backends.interface import Backend, CycleRead, EnqueueCall, NamedStatements, SettleTactic
 from scheduler.backends.sqlite import backend as sqlite
 from scheduler.schema.target import SchemaTarget
 from scheduler.store.capabilities.claim_writes import claim_serially
@@ -135,6 +135,9 @@ class SQLiteBackend:
         claim_filter: ClaimFilter,
         contention: ClaimContention | None,
     ) -> bool:
+        return False
+
+    def leave_enqueue_to_writes(self, tx: Tx, request: EnqueueCall, lock: tuple[str, str]) -> bool:
         return False
 
     def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy import bindparam, select
 
@@ -303,6 +303,18 @@ def load_occurrence(tx: Tx, occurrence_id: str) -> Occurrence | None:
     return None if row is None else occurrence_record(row)
 
 
+def enqueue_one_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
+    """``enqueue_in`` for an ``enqueue_occurrence`` call: left whole to its writes statement where
+    the backend does (``Backend.leave_enqueue_to_writes``; a case that statement does not decide
+    runs the call again, the usual way)."""
+    if tx.backend.leave_enqueue_to_writes(tx, request, (ENQUEUE_LOCKS, _identity_lock(request))):
+        pick = tx.pick
+        assert pick is not None
+        tx.finish = pick.completed
+        return cast(Occurrence, None)  # replaced by tx.finish once the statement ran
+    return enqueue_in(tx, request)
+
+
 class OccurrenceOperations(StoreBase):
     """Public occurrence methods of ``SchedulerStore``."""
 
@@ -324,7 +336,7 @@ class OccurrenceOperations(StoreBase):
         disabled one (``SCHEDULER_JOB_DISABLED``) is reported before an invalid payload.
         """
         request = normalize_enqueue(job_id, scheduled_for, trigger_key, available_at, payload)
-        return self._write(lambda tx: enqueue_in(tx, request))
+        return self._write(lambda tx: enqueue_one_in(tx, request))
 
     def enqueue_occurrence_once_per_trigger(
         self,

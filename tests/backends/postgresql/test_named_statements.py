@@ -109,7 +109,9 @@ def test_values_written_as_literals_come_back_exactly(pg_engine: Engine, pg_sche
             )
             done = cycle(store, held, result={"echo": text})
             sent = [sql for sql, _ in seen]
-            assert any(sql.startswith("EXECUTE scheduler_") and "'hostile'" in sql for sql in sent), sent
+            # The enqueue: its BEGIN, the identity's lock, its statement and its COMMIT in one query.
+            enqueued = [sql for sql in sent if sql.startswith("BEGIN ") and "'hostile'" in sql]
+            assert any("; EXECUTE scheduler_" in sql for sql in enqueued), sent
             # The cycle: its BEGIN, its statements and its COMMIT in one query.
             assert any("; EXECUTE scheduler_" in sql and sql.endswith("; COMMIT") for sql in sent), sent
             again = store.get_occurrence(made.id)

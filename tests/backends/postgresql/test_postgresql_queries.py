@@ -12,9 +12,12 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 from test_postgresql_claims import LEASE, enqueue
 from test_postgresql_cycle_statement import T0
+from test_postgresql_races import AUTHORITY
 
 from scheduler import open_store
-from scheduler.backends.postgresql import cycle_read, queries
+from scheduler.backends.postgresql import cycle_read, enqueue_statement, queries
+from scheduler.backends.postgresql.backend import key_space
+from scheduler.contract.identity import derive_occurrence_identity, identity_digest_parts
 from scheduler.store.capabilities.claim_query import HEAD_WINDOW
 
 pytestmark = pytest.mark.postgresql
@@ -33,7 +36,10 @@ def _parameters(occurrence_id: str, kinds: list[str] | None, workspace_id: str |
     }
 
 
-@pytest.mark.parametrize("name", sorted(queries.COLUMNS))
+CYCLE_STATEMENTS = sorted(name for name in queries.COLUMNS if not name.startswith("enqueue"))
+
+
+@pytest.mark.parametrize("name", CYCLE_STATEMENTS)
 @pytest.mark.parametrize(("kinds", "workspace_id"), [(None, None), (["agenda", "other"], "nowhere")])
 def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
     postgres_server: PostgresServer, name: str, kinds: list[str] | None, workspace_id: str | None
@@ -76,6 +82,81 @@ def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
         if name != "cycle_read_window":  # a plain head is locked as it is now
             locked = {row.locked_occurrence_id for row in rows} - {None}
             assert (locked, first["head_plain"]) == (({made[1]}, True) if kinds is None else (set(), False))
+    finally:
+        store.close()
+        postgres_server.drop_schema(schema)
+
+
+def _compiled(name: str, schema: str) -> str:
+    return str(
+        queries.prepared(name).statement.compile(
+            dialect=postgresql.psycopg.dialect(),
+            schema_translate_map={None: schema},
+            render_schema_translate=True,
+        )
+    )
+
+
+def test_the_enqueue_statements_run_in_the_store_schema_with_their_declared_columns(
+    postgres_server: PostgresServer,
+) -> None:
+    schema = unique_name("t_queries")
+    store = open_store(postgres_server.engine, schema=schema, clock=lambda: T0)
+    try:
+        store.create_job(id="job-1", kind="agenda", authority=AUTHORITY)
+        connection = store.connection
+        connection.rollback()
+        texts = connection.exec_driver_sql(
+            f'SELECT authority_json, payload_json, trigger_json FROM "{schema}".jobs'
+        ).one()
+        connection.rollback()
+        head, tail = identity_digest_parts("job-1", T0, "t")
+        parameters: dict[str, Any] = {
+            "space": key_space(schema, "enqueue"),
+            "lock_key": f"job-1\x1f{T0}\x1ft",
+            "job_id": "job-1",
+            "trigger_key": "t",
+            "scheduled_for": T0,
+            "available_at": T0,
+            "payload_json": None,
+            "now": T0,
+            "job_texts": None,  # not verified: the job's texts come back, nothing is written
+            "identity_head": head.hex(),
+            "identity_tail": tail.hex(),
+            "event_tail": f',"scheduledFor":{T0},"triggerKey":"t"}}',
+            "channel": "scheduler_work.test",
+        }
+        lead = _compiled("enqueue_lock", schema)
+        with connection.begin() as transaction:
+            assert (
+                tuple(connection.exec_driver_sql(lead, parameters).keys()) == queries.COLUMNS["enqueue_lock"]
+            )
+            result = connection.exec_driver_sql(_compiled("enqueue", schema), parameters)
+            assert tuple(result.keys()) == queries.COLUMNS["enqueue"]
+            row = result.one()._mapping
+            assert (row["checked"], row["occurrence_id"]) == (1, None)
+            assert enqueue_statement.verified_digest(
+                row["job_authority_json"], row["job_payload_json"], row["job_trigger_json"]
+            ) == enqueue_statement.texts_digest(*texts)
+            transaction.rollback()
+        parameters["job_texts"] = enqueue_statement.texts_digest(*texts)
+        with connection.begin() as transaction:
+            row = connection.exec_driver_sql(_compiled("enqueue", schema), parameters).one()._mapping
+            identity = derive_occurrence_identity(
+                job_id="job-1", job_revision=1, scheduled_for=T0, trigger_key="t"
+            )
+            assert (
+                row["checked"],
+                row["occurrence_id"],
+                row["idempotency_key"],
+                row["job_authority_json"],
+            ) == (
+                1,
+                identity.occurrence_id,
+                identity.idempotency_key,
+                None,
+            )
+            transaction.rollback()
     finally:
         store.close()
         postgres_server.drop_schema(schema)
