@@ -130,7 +130,9 @@ checks them against the server's)."""
 def prepared(name: str, sql: str | None = None) -> Prepared:
     """The statement ``name`` (or ``sql`` in its place, with its result columns) to run."""
     statement = SchemaText(SQL[name] if sql is None else sql).columns(*(column(key) for key in COLUMNS[name]))
-    return Prepared(statement, locks=True)
+    # A claim read sees only rows claimable or sweepable at ``now`` and the row it locks itself,
+    # so it may run before the writes a call keeps for later (``Tx.write_later``).
+    return Prepared(statement, locks=True, passes_kept_writes=name == "claim_head")
 
 
 CLAIM_HEAD: Final = prepared("claim_head")

@@ -22,8 +22,8 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
 
 from scheduler import open_store
-from scheduler.backends.postgresql import claim_locks, cycle_statement
-from scheduler.store.capabilities import claim_query, settlement
+from scheduler.backends.postgresql import claim_locks, cycle_statement, queries
+from scheduler.store.capabilities import settlement
 from scheduler.store.plumbing.session import OwnedRunner
 from scheduler.store.plumbing.statement_plans import Prepared
 
@@ -229,9 +229,13 @@ def _slow_the_lock(monkeypatch: pytest.MonkeyPatch, store: Any, path: str) -> No
     """Slow the statement that locks a claim's candidate on ``path`` (``head``: the quiet path's
     heads read and locked at once; ``list``: the contended path's lock, the store set to it)."""
     if path == "head":
-        probes = claim_query._HEAD_PROBE_AND_LOCK_PREPARED
-        shape = claim_query.NO_FILTER.shape
-        monkeypatch.setitem(probes, shape, _slowed(probes[shape]))
+        lock = "WHERE head.plain FOR UPDATE OF o SKIP LOCKED"
+        sql = queries.SQL["claim_head"]
+        assert sql.count(lock) == 1
+        slowed = sql.replace(
+            lock, "WHERE head.plain AND EXISTS (SELECT FROM pg_sleep(1)) FOR UPDATE OF o SKIP LOCKED"
+        )
+        monkeypatch.setattr(queries, "CLAIM_HEAD", queries.prepared("claim_head", slowed))
     else:
         monkeypatch.setattr(claim_locks, "LOCK_CANDIDATE_ROWS", _slowed(claim_locks.LOCK_CANDIDATE_ROWS))
         store._claims.took_first(False)  # as after a head another worker held

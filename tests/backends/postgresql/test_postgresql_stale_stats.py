@@ -109,8 +109,9 @@ CLAIMS = [
 
 
 def _statement_marker(marker: str) -> str:
-    """Text that names the claim's statement (the window is the head probe with a larger limit)."""
-    return "head_queued" if marker == "window" else marker
+    """Text that names the claim's statement (the window is claim_query's head probe with a larger
+    limit; the quiet head probe is ``claim_head`` of queries.sql)."""
+    return {"window": "head_queued", "head_queued": "WITH heads AS ("}.get(marker, marker)
 
 
 def claim(store: SchedulerStore, marker: str) -> Occurrence | None:
