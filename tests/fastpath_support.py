@@ -126,6 +126,8 @@ def workload(store: SchedulerStore, clock: Clock) -> list[Any]:
     resumed = store.claim_occurrence(occurrence_id=again.id, owner_id="w5", lease_ms=60_000)
     assert resumed is not None
     keep(resumed)
+    keep(store.get_occurrence_runtime(resumed.id))  # a read of one statement (no transaction of its own)
+    keep(store.get_occurrence_runtime("occ-missing"))
     keep(
         store.settle(
             occurrence_id=resumed.id,

@@ -117,8 +117,13 @@ def begin_transaction(conn: Connection, begin: str = BEGIN_WRITE, fast: FastPath
 
 def begin(conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False) -> None:
     """The start of a transaction the store owns: ``BEGIN IMMEDIATE`` (write) or ``BEGIN``
-    (one read snapshot, also for a read of ``one_statement``: a ``BEGIN`` costs no round trip
-    here). Waiting for the lock is the connection's ``busy_timeout``."""
+    (one read snapshot). Waiting for the lock is the connection's ``busy_timeout``.
+
+    A read of ``one_statement`` begins nothing: the store's driver connection is in autocommit,
+    so the statement reads one snapshot of its own (an engine whose "begin" hook sends a
+    ``BEGIN``, ``sqlite_engine``'s, still does)."""
+    if one_statement and not write:
+        return
     begin_transaction(conn, BEGIN_WRITE if write else BEGIN_READ, fast)
 
 

@@ -55,7 +55,7 @@ class StoreBase:
 
     def _read(self, operation: Callable[[Tx], T], *, one_statement: bool = False) -> T:
         """Run ``operation`` in one read snapshot. ``one_statement``: it runs exactly one
-        statement, which is its snapshot (on PostgreSQL then sent alone, without a transaction)."""
+        statement, which is its snapshot (then sent alone, without a transaction of its own)."""
         return self._runner.read(operation, one_statement=one_statement)
 
     @property

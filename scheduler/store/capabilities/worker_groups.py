@@ -8,10 +8,11 @@ queues in order, capped ones under their cap), then the claimed runs' job kinds 
 ``store._write`` call, so no operation of it runs in a savepoint of its own (a claim takes one
 only when the call runs again: ``CallMode``), and it is all or nothing like any store call.
 
-Not public API: the store's public calls stay the original's and ``settle_many_and_claim``. What
-the worker needs beyond those is where a failure arose: :class:`GroupFailure` tells an error of the
-settlements (a ``SCHEDULER_LEASE_LOST`` with ``details["index"]`` drops that member) from one of
-the claims or of the commit (the group is then settled alone).
+Not public API (the store's public calls are unchanged; ``settle_many_and_claim`` is the public
+call for a worker loop of one's own). Beyond what that call does, the worker needs its claim steps,
+the runtimes and where a failure arose: :class:`GroupFailure` tells an error of the settlements (a
+``SCHEDULER_LEASE_LOST`` with ``details["index"]`` drops that member) from one of the claims or of
+the commit (the group is then settled alone).
 """
 
 from __future__ import annotations
