@@ -187,9 +187,18 @@ def test_a_queue_drains_in_one_statement_per_call(postgres_server: PostgresServe
     ]
 
 
-def test_a_held_head_is_passed_over_as_before(postgres_server: PostgresServer) -> None:
-    """The statement locks no head (another transaction holds it): its check fails and the call runs
-    again in a transaction the store still owns, the usual way, which passes over the held head."""
+@pytest.mark.parametrize(
+    ("contended", "holding", "missed"),
+    [(False, 1, True), (True, 1, False), (True, 8, True)],
+    ids=["quiet", "among-workers", "among-workers-window-held"],
+)
+def test_held_heads_are_passed_over_as_before(
+    postgres_server: PostgresServer, contended: bool, holding: int, missed: bool
+) -> None:
+    """Quiet, the statement locks no head when another transaction holds it: its check fails and
+    the call runs again in a transaction the store still owns, the usual way, which passes over
+    the held head. Among workers the window statement passes over it itself, unless every row of
+    the window is held (then the usual way reads the full list)."""
 
     def scenario(run: Run) -> Any:
         attempts: list[tuple[bool, bool]] = []
@@ -200,16 +209,17 @@ def test_a_held_head_is_passed_over_as_before(postgres_server: PostgresServer) -
             return real_attempt(self, operation, begin, sample_clock, **kwargs)
 
         with (
-            held(postgres_server.engine, run.schema, run.made[:1]),
+            held(postgres_server.engine, run.schema, run.made[:holding]),
             patch.object(OwnedRunner, "_attempt", attempt),
         ):
             return claim(run.store), run.made, attempts
 
-    runs = both_ways(postgres_server, 3, scenario)
+    runs = both_ways(postgres_server, holding + 2, scenario, contended=contended)
     (claimed, made, attempts), tried, tables = runs[0]
     assert (claimed, made) == runs[1][0][:2] and tables == runs[1][2]
-    assert claimed.id == made[1]
-    assert tried == ["claim"] and attempts == [(True, True), (True, False)]
+    assert claimed.id == made[holding]
+    assert tried == ["claim"]
+    assert attempts == ([(True, True), (True, False)] if missed else [(True, True)])
     assert runs[1][0][2] == [(True, True)]
 
 
@@ -268,6 +278,7 @@ def test_heads_that_are_not_plain_are_claimed_as_before(postgres_server: Postgre
         ("lease lost: another owner", {"owner": "v"}),
         ("lease lost: expired", {"advance": LEASE}),
         ("lease lost: settled already", {"twice": True}),
+        ("lease lost: no such occurrence", {"missing": True}),
         ("a failure", {"outcome": "failed", "retryable": False, "error": ERROR}),
         ("a retry", {"outcome": "failed", "error": ERROR}),
         ("a retry due later", {"outcome": "failed", "error": ERROR, "retry_at": T0 + 5}),
@@ -280,7 +291,8 @@ def test_what_the_settle_statement_does_not_decide_ends_as_before(
         held_now = claim(run.store)
         run.clock.now += how.get("advance", 0)
         outcome = {key: how[key] for key in ("outcome", "retryable", "error", "retry_at") if key in how}
-        results = [settle(run.store, held_now.id, how.get("fence", 1), how.get("owner", "w"), **outcome)]
+        settled_id = "occ_missing" if how.get("missing") else held_now.id
+        results = [settle(run.store, settled_id, how.get("fence", 1), how.get("owner", "w"), **outcome)]
         if how.get("twice"):
             results.append(settle(run.store, held_now.id))
         return results, claim(run.store)
