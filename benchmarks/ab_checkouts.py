@@ -12,10 +12,12 @@ difference can be told from round-to-round weather. Usage (from the checkout's r
 
 Workloads: ``sqlite-enqueue`` (one ``enqueue_occurrence`` per transaction), ``sqlite-claim-settle``
 (``claim_next`` then ``settle``), ``sqlite-settle-and-claim`` (one call per cycle), and with
-``--pg-url``: ``pg-enqueue`` (one ``enqueue_occurrence`` per transaction, the server's clock, after
-50 not measured), ``pg-worker-1`` (one ``Worker`` draining no-op jobs) and ``pg-workers-4`` (four
-worker processes draining one queue). SQLite files are WAL with ``synchronous=FULL`` (the store's
-default), in ``--dir``; each PostgreSQL measurement uses a schema of its own, dropped at the end.
+``--pg-url``: ``pg-enqueue`` (``--jobs`` ``enqueue_occurrence`` calls, one per transaction, the
+server's clock, after 50 not measured), ``pg-worker-1`` (one ``Worker`` draining no-op jobs),
+``pg-workers-4`` (four worker processes draining one queue) and ``pg-claim-settle`` (one store:
+``claim_next`` then ``settle``, two transactions a job, after ``PG_WARM_UP`` such cycles). SQLite
+files are WAL with ``synchronous=FULL`` (the store's default), in ``--dir``; each PostgreSQL
+measurement uses a schema of its own, dropped at the end.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 SQLITE_WORKLOADS = ("sqlite-enqueue", "sqlite-claim-settle", "sqlite-settle-and-claim")
-PG_WORKLOADS = ("pg-enqueue", "pg-worker-1", "pg-workers-4")
+PG_WORKLOADS = ("pg-enqueue", "pg-worker-1", "pg-workers-4", "pg-claim-settle")
+PG_WARM_UP = 100
 AUTHORITY = {"principal": {"type": "service", "id": "ab"}}
 
 
@@ -63,12 +66,16 @@ def _sqlite_enqueue(store: Any, ops: int) -> float:
     return ops / (time.perf_counter() - started)
 
 
+def _claim_settle_once(store: Any) -> None:
+    held = store.claim_next(owner_id="w", lease_ms=60_000)
+    store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
+
+
 def _sqlite_claim_settle(store: Any, ops: int) -> float:
     fill_noop_queue(store, ops)
     started = time.perf_counter()
     for _ in range(ops):
-        held = store.claim_next(owner_id="w", lease_ms=60_000)
-        store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
+        _claim_settle_once(store)
     return ops / (time.perf_counter() - started)
 
 
@@ -148,11 +155,36 @@ def _pg_enqueue(url: str, ops: int) -> float:
         engine.dispose()
 
 
+def _pg_claim_settle(url: str, ops: int) -> float:
+    import sqlalchemy
+
+    from scheduler import open_store
+
+    schema = f"ab_{uuid.uuid4().hex[:12]}"
+    try:
+        with open_store(url, schema=schema) as store:
+            fill_noop_queue(store, ops + PG_WARM_UP)
+            for _ in range(PG_WARM_UP):
+                _claim_settle_once(store)
+            started = time.perf_counter()
+            for _ in range(ops):
+                _claim_settle_once(store)
+            return ops / (time.perf_counter() - started)
+    finally:
+        engine = sqlalchemy.create_engine(url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
+
+
 def measure(workload: str, ops: int, directory: Path, url: str | None) -> float:
     """One measurement of ``workload`` in this process (operations or jobs per second)."""
     if workload == "pg-enqueue":
         assert url is not None
         return _pg_enqueue(url, ops)
+    if workload == "pg-claim-settle":
+        assert url is not None
+        return _pg_claim_settle(url, ops)
     if workload.startswith("pg-"):
         assert url is not None
         return _pg_workers(url, ops, 1 if workload == "pg-worker-1" else 4)
@@ -189,7 +221,7 @@ def main() -> None:
     parser.add_argument("--a", type=Path, help="checkout A (the baseline)")
     parser.add_argument("--b", type=Path, help="checkout B (the change)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--ops", type=int, default=2_000, help="operations per SQLite or enqueue measurement")
+    parser.add_argument("--ops", type=int, default=2_000, help="operations per SQLite measurement")
     parser.add_argument("--jobs", type=int, default=3_000, help="jobs per PostgreSQL worker measurement")
     parser.add_argument("--pg-url", default=None)
     parser.add_argument("--dir", type=Path, default=None, help="where the SQLite files go")
@@ -210,7 +242,7 @@ def main() -> None:
     for round_no in range(options.rounds):
         order = ("a", "b") if round_no % 2 == 0 else ("b", "a")
         for workload in workloads:
-            ops = options.jobs if workload.startswith("pg-worker") else options.ops
+            ops = options.jobs if workload.startswith("pg-") else options.ops
             for side in order:
                 checkout = options.a if side == "a" else options.b
                 figures[workload][side].append(_one(checkout, workload, ops, directory, options.pg_url))

@@ -1,4 +1,5 @@
-"""Client and server CPU of one worker's ``settle_and_claim`` cycles on PostgreSQL.
+"""Client and server CPU of one worker's ``settle_and_claim`` cycles on PostgreSQL (with
+``--two-calls``, of ``claim_next`` then ``settle``: two transactions a cycle).
 
     python -m benchmarks.pg_cycle_cpu --url postgresql+psycopg://root@127.0.0.1:5432/test
     python -m benchmarks.pg_cycle_cpu --url … --analyze --per-statement
@@ -101,6 +102,7 @@ def main() -> None:
         help="claim as among workers that hold the first candidates (the window of heads), alone",
     )
     parser.add_argument("--warm-up", type=int, default=0, help="cycles run before the measured ones")
+    parser.add_argument("--two-calls", action="store_true", help="each cycle: claim_next, then settle")
     parser.add_argument(
         "--floor", type=int, default=0, help="measure the commit floor (this many commits) before and after"
     )
@@ -134,6 +136,10 @@ def main() -> None:
             nonlocal held
             for _ in range(count):
                 assert held is not None
+                if args.two_calls:
+                    store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
+                    held = store.claim_next(owner_id="w", lease_ms=60_000)
+                    continue
                 held = store.settle_and_claim(
                     occurrence_id=held.id,
                     owner_id="w",

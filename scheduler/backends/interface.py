@@ -14,8 +14,8 @@ Two kinds of knowledge meet at a call, and the interface keeps them apart:
   whether the store owns the transaction and may run the call again from the start
   (``may_run_again``), whether the call may still be sent as one statement (``as_one_statement``,
   false once such a statement missed). The backend reads them where it chooses a tactic
-  (:meth:`Backend.claim`, :meth:`Backend.settle_tactic`, :meth:`Backend.leave_cycle_to_writes`,
-  :meth:`Backend.leave_enqueue_to_writes`).
+  (:meth:`Backend.claim`, :meth:`Backend.settle_tactic`, :meth:`Backend.leave_cycle_to_writes`
+  and its kin for ``enqueue_occurrence``, ``claim_next`` and ``settle``).
 
 Where each decision is taken:
 
@@ -27,9 +27,10 @@ Where each decision is taken:
 * whether a call may be run again from the start: the runner, from
   :attr:`Backend.reruns_owned_writes` and whether it owns the transaction, into
   ``CallMode.may_run_again``;
-* whether a whole cycle, or a whole enqueue, may be left to the call's writes statement (one
-  statement): the backend (:meth:`Backend.leave_cycle_to_writes`,
-  :meth:`Backend.leave_enqueue_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
+* whether a whole cycle, enqueue, claim or settle may be left to the call's writes statement
+  (one statement): the backend (:meth:`Backend.leave_cycle_to_writes`,
+  :meth:`Backend.leave_enqueue_to_writes`, :meth:`Backend.leave_claim_to_writes`,
+  :meth:`Backend.leave_settle_to_writes`), from the call's mode and ``Tx.uses_fast_path``.
 
 The renderings of the neutral Core constructs (:mod:`scheduler.store.plumbing.constructs`) are not
 part of it: each backend registers them with SQLAlchemy's compiler when its ``backend`` module is
@@ -357,6 +358,22 @@ class Backend(Protocol):
         """Leave a whole ``enqueue_occurrence`` to the call's writes statement where the backend
         and the call allow it (``Tx.pick``: its result once the writes were sent); ``False`` to
         run it the usual way. ``lock``: the scope and key the usual way holds (``Tx.lock_keys``)."""
+        ...
+
+    def leave_claim_to_writes(
+        self,
+        tx: Tx,
+        owner: str,
+        lease_ms: int,
+        claim_filter: ClaimFilter,
+        contention: ClaimContention | None,
+    ) -> bool:
+        """:meth:`leave_cycle_to_writes` for a ``claim_next`` (``Tx.pick``'s result: ``claim_in``'s
+        list)."""
+        ...
+
+    def leave_settle_to_writes(self, tx: Tx, request: SettleRequest) -> bool:
+        """:meth:`leave_cycle_to_writes` for a ``settle``."""
         ...
 
     # ------------------------------------------------------------- catalog

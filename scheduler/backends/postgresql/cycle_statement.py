@@ -155,7 +155,7 @@ class PendingCycle:
         now = tx.now
         settled = {name: getattr(row, "s_" + name) for name in _NAMES}
         self.events = [
-            _event(
+            event_row(
                 settled, SETTLED, now, owner, settled_data_json(settled["attempt"], settled["max_attempts"])
             )
         ]
@@ -164,13 +164,14 @@ class PendingCycle:
             values = {name: getattr(row, "c_" + name) for name in _NAMES}
             claimed = occurrence_record(values)
             claim_data = claim_data_json(values["attempt"], row.c_previous_status)
-            self.events.append(_event(values, CLAIMED, now, owner, claim_data))
+            self.events.append(event_row(values, CLAIMED, now, owner, claim_data))
             self.position = row.c_position
             self._contention.took_first(self.position == 1)
         self.result = SettledAndClaimed(settled=occurrence_record(settled), claimed=claimed)
 
 
-def _event(row: dict[str, Any], event_type: str, now: int, owner: str, data_json: str) -> dict[str, Any]:
+def event_row(row: dict[str, Any], event_type: str, now: int, owner: str, data_json: str) -> dict[str, Any]:
+    """The ``events`` row a one-statement call wrote for the occurrence ``row`` (as returned)."""
     return {
         "job_id": row["job_id"],
         "occurrence_id": row["occurrence_id"],

@@ -4,8 +4,9 @@ schema (psycopg 3; asyncpg under ``scheduler.aio``).
 READ COMMITTED writers run at once: a claim locks each candidate it read before claiming it
 (``claim_tactics``, ``claim_locks``), a settlement locks or checks the row it read, and a write
 the store owns is run again from the start where a row changed under it. Several writes go as
-one statement (``write_batch``, ``cycle_statement``, ``enqueue_statement``); ``clock=None`` is the
-server's ``clock_timestamp()``; committed work notifies idle workers (``wakeups``).
+one statement (``write_batch``, ``cycle_statement``, ``enqueue_statement``, ``claim_statement``,
+``settle_statement``); ``clock=None`` is the server's ``clock_timestamp()``; committed work
+notifies idle workers (``wakeups``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from scheduler.backends.interface import Backend, CycleRead, EnqueueCall, NamedS
 from scheduler.backends.postgresql import backend as postgresql
 from scheduler.backends.postgresql import (
     claim_locks,
+    claim_statement,
     claim_tactics,
     cycle_read,
     cycle_statement,
     enqueue_statement,
+    settle_statement,
     wakeups,
 )
 from scheduler.backends.postgresql.server_statements import ServerStatements, connection_fits, counts_differed
@@ -153,22 +156,45 @@ class PostgreSQLBackend:
         claim_filter: ClaimFilter,
         contention: ClaimContention | None,
     ) -> bool:
-        """Where the call's writes may carry the cycle (``Tx.pick_later``: the store may run the
-        call again, and its writes go as one statement through the fast path) and the call was not
-        run again after such a statement missed (``CallMode.as_one_statement``)."""
-        call = tx.call
-        if not (call.may_run_again and self.combines_writes and tx.uses_fast_path and call.as_one_statement):
+        """Where the call's writes may carry the cycle (:meth:`_writes_may_carry`)."""
+        if not self._writes_may_carry(tx):
             return False
         pending = cycle_statement.cycle_in_one_statement(tx, request, lease_ms, claim_filter, contention)
         return pending is not None
 
     def leave_enqueue_to_writes(self, tx: Tx, request: EnqueueCall, lock: tuple[str, str]) -> bool:
-        """Where the call's writes may carry the enqueue, as for a cycle
-        (:meth:`leave_cycle_to_writes`)."""
-        call = tx.call
-        if not (call.may_run_again and self.combines_writes and tx.uses_fast_path and call.as_one_statement):
+        """Where the call's writes may carry the enqueue (:meth:`_writes_may_carry`)."""
+        if not self._writes_may_carry(tx):
             return False
         return enqueue_statement.enqueue_in_one_statement(tx, request, lock) is not None
+
+    def leave_claim_to_writes(
+        self,
+        tx: Tx,
+        owner: str,
+        lease_ms: int,
+        claim_filter: ClaimFilter,
+        contention: ClaimContention | None,
+    ) -> bool:
+        """As :meth:`leave_cycle_to_writes`: a ``claim_next`` while the queue is quiet, or among
+        workers from the window of heads (``claim_statement``)."""
+        if not self._writes_may_carry(tx):
+            return False
+        pending = claim_statement.claim_in_one_statement(tx, owner, lease_ms, claim_filter, contention)
+        return pending is not None
+
+    def leave_settle_to_writes(self, tx: Tx, request: SettleRequest) -> bool:
+        """As :meth:`leave_cycle_to_writes`: a ``settle`` that succeeds (``settle_statement``)."""
+        if not self._writes_may_carry(tx):
+            return False
+        return settle_statement.settle_in_one_statement(tx, request) is not None
+
+    def _writes_may_carry(self, tx: Tx) -> bool:
+        """Whether the call's writes may carry its whole work (``Tx.pick_later``: the store may run
+        the call again, and its writes go as one statement through the fast path) and the call
+        was not run again after such a statement missed (``CallMode.as_one_statement``)."""
+        call = tx.call
+        return call.may_run_again and self.combines_writes and tx.uses_fast_path and call.as_one_statement
 
     def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
         return postgresql.schema_header(conn, target)

@@ -2,12 +2,14 @@
 
 The statements are written as SQL, for a reviewer to read as SQL: a quiet claim's head probe and
 lock (``claim_head``: :mod:`.claim_tactics`), a settle_and_claim's first statement
-(``cycle_read``, ``cycle_read_window``: :mod:`.cycle_read`), the whole successful cycle in
-one statement (``cycle``, ``cycle_window``: :mod:`.cycle_statement`), and an enqueue of a new
-identity with its lead lock (``enqueue``, ``enqueue_lock``: :mod:`.enqueue_statement`). A
-``{table}`` in the file is one of the scheduler's tables; it is rendered as the compiler renders
-that table, so a store's schema (``schema_translate_map``) applies to these statements as to
-every Core statement, on the fast path and on SQLAlchemy's own execution alike.
+(``cycle_read``, ``cycle_read_window``: :mod:`.cycle_read`), the whole successful cycle in one
+statement (``cycle``, ``cycle_window``: :mod:`.cycle_statement`), an enqueue of a new identity
+with its lead lock (``enqueue``, ``enqueue_lock``: :mod:`.enqueue_statement`), and a quiet
+``claim_next`` and a successful ``settle`` each in one statement (``claim``, ``claim_window``:
+:mod:`.claim_statement`; ``settle``: :mod:`.settle_statement`). A ``{table}`` in the file is one
+of the scheduler's tables; it is rendered as the compiler renders that table, so a store's
+schema (``schema_translate_map``) applies to these statements as to every Core statement, on the
+fast path and on SQLAlchemy's own execution alike.
 """
 
 from __future__ import annotations
@@ -103,6 +105,14 @@ _CYCLE: Final = (
     "c_previous_status",
     "c_position",
 )
+_CLAIM: Final = (
+    "checked",
+    "server_now",
+    *("c_" + name for name in _OCCURRENCE),
+    "c_previous_status",
+    "c_position",
+)
+_SETTLE: Final = ("checked", "server_now", *("s_" + name for name in _OCCURRENCE))
 LOCKED_PREFIX: Final = "locked_"
 """The columns of the head ``claim_head`` and ``cycle_read`` locked: ``locked_<column>``."""
 _LOCKED: Final = (*(LOCKED_PREFIX + name for name in _OCCURRENCE), "head_plain")
@@ -122,6 +132,9 @@ COLUMNS: Final = {
     "cycle_window": _CYCLE,
     "enqueue_lock": ("locked",),
     "enqueue": _ENQUEUE,
+    "claim": _CLAIM,
+    "claim_window": _CLAIM,
+    "settle": _SETTLE,
 }
 """Each statement's result columns, in order (``tests/backends/postgresql/test_postgresql_queries.py``
 checks them against the server's)."""
@@ -142,6 +155,9 @@ CYCLE: Final = prepared("cycle")
 CYCLE_WINDOW: Final = prepared("cycle_window")
 ENQUEUE_LOCK: Final = prepared("enqueue_lock")
 ENQUEUE: Final = prepared("enqueue")
+CLAIM: Final = prepared("claim")
+CLAIM_WINDOW: Final = prepared("claim_window")
+SETTLE: Final = prepared("settle")
 
 
 def filter_parameters(kinds: tuple[str, ...] | None, workspace_id: str | None) -> dict[str, Any]:

@@ -853,3 +853,302 @@ SELECT CAST(CASE WHEN (SELECT count(*) FROM inserted) = 1
 FROM enqueue_clock AS c
 LEFT JOIN inserted AS o ON true
 LEFT JOIN enqueue_job AS j ON true
+
+
+-- name: claim
+-- A quiet claim_next in one statement, sent with BEGIN and COMMIT in one round trip
+-- (claim_statement.py): the clock, the heads as cycle reads them, the earliest head locked SKIP
+-- LOCKED if plain, claimed at its version as probed, and its event. The first column fails the
+-- statement (and the COMMIT with it) unless the head was claimed or nothing is due, and the
+-- lease expiry is representable: the call then runs again the usual way. It takes :now,
+-- :job_kinds, :workspace_id, :p_owner and :p_lease only.
+WITH claim_clock AS MATERIALIZED (  -- the clock, read once (no lock precedes it)
+    SELECT coalesce(CAST(:now AS bigint), floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now
+),
+heads AS (
+    (SELECT 'q' AS arm, occurrence_id
+     FROM {occurrences}
+     WHERE status = 'queued' AND available_at <= (SELECT now FROM claim_clock)
+     ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id
+     LIMIT 1)
+    UNION ALL
+    (SELECT 'r', occurrence_id
+     FROM {occurrences}
+     WHERE status = 'retry_wait' AND available_at <= (SELECT now FROM claim_clock)
+     ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id
+     LIMIT 1)
+    UNION ALL
+    (SELECT 'e', o.occurrence_id
+     FROM {occurrences} AS o
+     LEFT JOIN {scheduler_occurrence_controls} AS c ON c.occurrence_id = o.occurrence_id
+     WHERE o.status = 'running' AND o.lease_expires_at <= (SELECT now FROM claim_clock)
+       AND (    (o.attempt >= o.max_attempts
+                 AND (c.state IS NULL OR (c.state <> 'pause_requested' AND c.state <> 'resumed')))
+            OR  (EXISTS (SELECT 1 FROM {jobs} AS j
+                         WHERE j.job_id = o.job_id AND j.enabled = 1
+                           AND (CAST(:job_kinds AS text[]) IS NULL OR j.kind = ANY (CAST(:job_kinds AS text[])))
+                           AND (CAST(:workspace_id AS text) IS NULL
+                                OR CAST(j.authority_json AS json) ->> 'workspaceId' = CAST(:workspace_id AS text))
+                         OFFSET 0)
+                 AND (o.attempt < o.max_attempts OR c.state = 'pause_requested' OR c.state = 'resumed'
+                      OR EXISTS (SELECT 1 FROM {scheduler_occurrence_retries} AS r
+                                 WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL
+                                   AND r.expected_fence = o.fence))
+                 AND (c.state IS NULL OR c.state <> 'paused')))
+     ORDER BY o.lease_expires_at, o.occurrence_id
+     LIMIT 1)
+),
+probe AS MATERIALIZED (  -- what the statement reads of its heads
+    SELECT h.arm, o.occurrence_id, o.status, o.attempt, o.max_attempts, o.fence, o.available_at,
+           o.scheduled_for, c.state AS control_state,
+           (SELECT r.request_id FROM {scheduler_occurrence_retries} AS r
+            WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL AND r.expected_fence = o.fence
+            LIMIT 1) AS retry_request_id,
+           EXISTS (SELECT 1 FROM {jobs} AS j
+                   WHERE j.job_id = o.job_id AND j.enabled = 1
+                     AND (CAST(:job_kinds AS text[]) IS NULL OR j.kind = ANY (CAST(:job_kinds AS text[])))
+                     AND (CAST(:workspace_id AS text) IS NULL
+                          OR CAST(j.authority_json AS json) ->> 'workspaceId' = CAST(:workspace_id AS text))
+                   OFFSET 0) AS job_ok
+    FROM heads AS h
+    JOIN {occurrences} AS o ON o.occurrence_id = h.occurrence_id
+    LEFT JOIN {scheduler_occurrence_controls} AS c ON c.occurrence_id = o.occurrence_id
+),
+head AS (
+    SELECT occurrence_id,
+           job_ok AND control_state IS NULL AND retry_request_id IS NULL AND attempt < max_attempts AS plain
+    FROM probe
+    WHERE arm <> 'e' AND NOT EXISTS (SELECT 1 FROM probe WHERE arm = 'e')
+    ORDER BY available_at, scheduled_for, occurrence_id
+    LIMIT 1
+),
+locked AS MATERIALIZED (
+    SELECT o.occurrence_id, o.fence, o.status, 1 AS position
+    FROM {occurrences} AS o
+    JOIN head ON head.occurrence_id = o.occurrence_id
+    WHERE head.plain
+    FOR UPDATE OF o SKIP LOCKED
+),
+claimed AS (  -- the claim's guarded UPDATE of the locked head, at its version as probed
+    UPDATE {occurrences} AS o
+    SET status = 'running', attempt = o.attempt + 1, fence = o.fence + 1, lease_owner = :p_owner,
+        lease_expires_at = (SELECT now FROM claim_clock) + CAST(:p_lease AS bigint),
+        updated_at = (SELECT now FROM claim_clock), settled_at = NULL
+    FROM locked
+    WHERE o.occurrence_id = locked.occurrence_id AND o.fence = locked.fence
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_occurrence_controls} AS c WHERE c.occurrence_id = o.occurrence_id)
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_occurrence_retries} AS r
+                      WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL
+                        AND r.expected_fence = o.fence)
+      AND EXISTS (SELECT 1 FROM {jobs} AS j WHERE j.job_id = o.job_id AND j.enabled = 1)
+      AND (o.occurrence_id || ':' || o.fence || ':' || o.status || ':' || o.attempt || ':'
+           || o.available_at || ':' || o.scheduled_for)
+          = (SELECT p.occurrence_id || ':' || p.fence || ':' || p.status || ':' || p.attempt || ':'
+                    || p.available_at || ':' || p.scheduled_for
+             FROM probe AS p WHERE p.occurrence_id = locked.occurrence_id)
+      AND o.lease_owner IS NULL
+      AND (SELECT now FROM claim_clock) + CAST(:p_lease AS bigint) <= 9007199254740991
+    RETURNING o.*, locked.status AS previous_status, locked.position
+),
+ev AS (
+    INSERT INTO {events} (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json)
+    SELECT job_id, occurrence_id, 'occurrence_claimed', (SELECT now FROM claim_clock),
+           CAST(:p_owner AS varchar), fence,
+           '{"attempt":' || attempt || ',"previousOwner":' || 'null' || ',"previousStatus":"' || previous_status || '"}'
+    FROM claimed
+    RETURNING 1
+)
+SELECT CAST(CASE WHEN ((SELECT count(*) FROM claimed) = 1 OR (SELECT count(*) FROM probe) = 0)
+                  AND (SELECT count(*) FROM ev) = (SELECT count(*) FROM claimed)
+                  AND (SELECT now FROM claim_clock) + CAST(:p_lease AS bigint) <= 9007199254740991
+                 THEN '1' ELSE 'scheduler:kept-writes-changed' END AS integer) AS checked,
+       claim_clock.now AS server_now,
+       cl.occurrence_id AS c_occurrence_id, cl.job_id AS c_job_id, cl.job_revision AS c_job_revision,
+       cl.idempotency_key AS c_idempotency_key, cl.trigger_key AS c_trigger_key,
+       cl.scheduled_for AS c_scheduled_for, cl.available_at AS c_available_at, cl.status AS c_status,
+       cl.attempt AS c_attempt, cl.max_attempts AS c_max_attempts, cl.fence AS c_fence,
+       cl.lease_owner AS c_lease_owner, cl.lease_expires_at AS c_lease_expires_at,
+       cl.authority_json AS c_authority_json, cl.payload_json AS c_payload_json,
+       cl.last_error_json AS c_last_error_json, cl.result_json AS c_result_json,
+       cl.created_at AS c_created_at, cl.updated_at AS c_updated_at, cl.settled_at AS c_settled_at,
+       cl.previous_status AS c_previous_status, cl.position AS c_position
+FROM claim_clock
+LEFT JOIN claimed AS cl ON true
+
+
+-- name: claim_window
+-- claim among workers that hold the first candidates: the window of heads ranked and cut as
+-- cycle_window does, the first free candidate locked SKIP LOCKED at its version as read and
+-- claimed; c_position tells the caller whether the first candidate was free.
+WITH claim_clock AS MATERIALIZED (  -- the clock, read once (no lock precedes it)
+    SELECT coalesce(CAST(:now AS bigint), floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now
+),
+heads AS (
+    (SELECT 'q' AS arm, occurrence_id
+     FROM {occurrences}
+     WHERE status = 'queued' AND available_at <= (SELECT now FROM claim_clock)
+     ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id
+     LIMIT 8)
+    UNION ALL
+    (SELECT 'r', occurrence_id
+     FROM {occurrences}
+     WHERE status = 'retry_wait' AND available_at <= (SELECT now FROM claim_clock)
+     ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id
+     LIMIT 8)
+    UNION ALL
+    (SELECT 'e', o.occurrence_id
+     FROM {occurrences} AS o
+     LEFT JOIN {scheduler_occurrence_controls} AS c ON c.occurrence_id = o.occurrence_id
+     WHERE o.status = 'running' AND o.lease_expires_at <= (SELECT now FROM claim_clock)
+       AND (    (o.attempt >= o.max_attempts
+                 AND (c.state IS NULL OR (c.state <> 'pause_requested' AND c.state <> 'resumed')))
+            OR  (EXISTS (SELECT 1 FROM {jobs} AS j
+                         WHERE j.job_id = o.job_id AND j.enabled = 1
+                           AND (CAST(:job_kinds AS text[]) IS NULL OR j.kind = ANY (CAST(:job_kinds AS text[])))
+                           AND (CAST(:workspace_id AS text) IS NULL
+                                OR CAST(j.authority_json AS json) ->> 'workspaceId' = CAST(:workspace_id AS text))
+                         OFFSET 0)
+                 AND (o.attempt < o.max_attempts OR c.state = 'pause_requested' OR c.state = 'resumed'
+                      OR EXISTS (SELECT 1 FROM {scheduler_occurrence_retries} AS r
+                                 WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL
+                                   AND r.expected_fence = o.fence))
+                 AND (c.state IS NULL OR c.state <> 'paused')))
+     ORDER BY o.lease_expires_at, o.occurrence_id
+     LIMIT 1)
+),
+probe AS MATERIALIZED (
+    SELECT h.arm, o.occurrence_id, o.status, o.attempt, o.max_attempts, o.fence, o.available_at,
+           o.scheduled_for, c.state AS control_state,
+           (SELECT r.request_id FROM {scheduler_occurrence_retries} AS r
+            WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL AND r.expected_fence = o.fence
+            LIMIT 1) AS retry_request_id,
+           EXISTS (SELECT 1 FROM {jobs} AS j
+                   WHERE j.job_id = o.job_id AND j.enabled = 1
+                     AND (CAST(:job_kinds AS text[]) IS NULL OR j.kind = ANY (CAST(:job_kinds AS text[])))
+                     AND (CAST(:workspace_id AS text) IS NULL
+                          OR CAST(j.authority_json AS json) ->> 'workspaceId' = CAST(:workspace_id AS text))
+                   OFFSET 0) AS job_ok
+    FROM heads AS h
+    JOIN {occurrences} AS o ON o.occurrence_id = h.occurrence_id
+    LEFT JOIN {scheduler_occurrence_controls} AS c ON c.occurrence_id = o.occurrence_id
+),
+ranked AS (  -- the window's due rows in the seed's order (none when an expired lease is to be acted on)
+    SELECT occurrence_id,
+           occurrence_id || ':' || fence || ':' || status || ':' || attempt || ':' || available_at || ':'
+               || scheduled_for AS version,
+           (job_ok AND control_state IS NULL AND retry_request_id IS NULL AND attempt < max_attempts)
+               IS TRUE AS plain,
+           row_number() OVER (ORDER BY available_at, scheduled_for, occurrence_id) AS position,
+           row_number() OVER (PARTITION BY arm ORDER BY available_at, scheduled_for, occurrence_id) AS arm_rank,
+           count(*) OVER (PARTITION BY arm) AS arm_rows
+    FROM probe
+    WHERE arm <> 'e' AND NOT EXISTS (SELECT 1 FROM probe WHERE arm = 'e')
+),
+locked AS MATERIALIZED (  -- the first free candidate, locked at its version as read
+    SELECT o.occurrence_id, o.fence, o.status, ranked.position
+    FROM {occurrences} AS o
+    JOIN ranked ON ranked.occurrence_id = o.occurrence_id
+    WHERE ranked.plain
+      AND ranked.position <= coalesce(
+              (SELECT min(CASE WHEN NOT plain THEN position - 1
+                               WHEN arm_rows = 8 AND arm_rank = 8 THEN position END)
+               FROM ranked),
+              ranked.position)
+      AND (o.occurrence_id || ':' || o.fence || ':' || o.status || ':' || o.attempt || ':'
+           || o.available_at || ':' || o.scheduled_for) = ranked.version
+    ORDER BY ranked.position
+    LIMIT 1
+    FOR UPDATE OF o SKIP LOCKED
+),
+claimed AS (
+    UPDATE {occurrences} AS o
+    SET status = 'running', attempt = o.attempt + 1, fence = o.fence + 1, lease_owner = :p_owner,
+        lease_expires_at = (SELECT now FROM claim_clock) + CAST(:p_lease AS bigint),
+        updated_at = (SELECT now FROM claim_clock), settled_at = NULL
+    FROM locked
+    WHERE o.occurrence_id = locked.occurrence_id AND o.fence = locked.fence
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_occurrence_controls} AS c WHERE c.occurrence_id = o.occurrence_id)
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_occurrence_retries} AS r
+                      WHERE r.occurrence_id = o.occurrence_id AND r.claimed_at IS NULL
+                        AND r.expected_fence = o.fence)
+      AND EXISTS (SELECT 1 FROM {jobs} AS j WHERE j.job_id = o.job_id AND j.enabled = 1)
+      AND (o.occurrence_id || ':' || o.fence || ':' || o.status || ':' || o.attempt || ':'
+           || o.available_at || ':' || o.scheduled_for)
+          = (SELECT p.occurrence_id || ':' || p.fence || ':' || p.status || ':' || p.attempt || ':'
+                    || p.available_at || ':' || p.scheduled_for
+             FROM probe AS p WHERE p.occurrence_id = locked.occurrence_id)
+      AND o.lease_owner IS NULL
+      AND (SELECT now FROM claim_clock) + CAST(:p_lease AS bigint) <= 9007199254740991
+    RETURNING o.*, locked.status AS previous_status, locked.position
+),
+ev AS (
+    INSERT INTO {events} (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json)
+    SELECT job_id, occurrence_id, 'occurrence_claimed', (SELECT now FROM claim_clock),
+           CAST(:p_owner AS varchar), fence,
+           '{"attempt":' || attempt || ',"previousOwner":' || 'null' || ',"previousStatus":"' || previous_status || '"}'
+    FROM claimed
+    RETURNING 1
+)
+SELECT CAST(CASE WHEN ((SELECT count(*) FROM claimed) = 1 OR (SELECT count(*) FROM probe) = 0)
+                  AND (SELECT count(*) FROM ev) = (SELECT count(*) FROM claimed)
+                  AND (SELECT now FROM claim_clock) + CAST(:p_lease AS bigint) <= 9007199254740991
+                 THEN '1' ELSE 'scheduler:kept-writes-changed' END AS integer) AS checked,
+       claim_clock.now AS server_now,
+       cl.occurrence_id AS c_occurrence_id, cl.job_id AS c_job_id, cl.job_revision AS c_job_revision,
+       cl.idempotency_key AS c_idempotency_key, cl.trigger_key AS c_trigger_key,
+       cl.scheduled_for AS c_scheduled_for, cl.available_at AS c_available_at, cl.status AS c_status,
+       cl.attempt AS c_attempt, cl.max_attempts AS c_max_attempts, cl.fence AS c_fence,
+       cl.lease_owner AS c_lease_owner, cl.lease_expires_at AS c_lease_expires_at,
+       cl.authority_json AS c_authority_json, cl.payload_json AS c_payload_json,
+       cl.last_error_json AS c_last_error_json, cl.result_json AS c_result_json,
+       cl.created_at AS c_created_at, cl.updated_at AS c_updated_at, cl.settled_at AS c_settled_at,
+       cl.previous_status AS c_previous_status, cl.position AS c_position
+FROM claim_clock
+LEFT JOIN claimed AS cl ON true
+
+
+-- name: settle
+-- A settle that succeeds in one statement, sent with BEGIN and COMMIT in one round trip after a
+-- lead statement that locks the row (settle_statement.py): the clock, read after that lock, the
+-- settlement's guarded UPDATE for a success and its event. The first column fails the statement
+-- (and the COMMIT with it) unless the row was settled: a lost lease, or a control, reservation or
+-- adjudication row, runs the call again the usual way. It takes :p_id, :p_owner, :p_fence,
+-- :p_result and :now only.
+WITH settle_clock AS MATERIALIZED (  -- read after the lead's lock
+    SELECT coalesce(CAST(:now AS bigint), floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now
+),
+settled AS (
+    UPDATE {occurrences} AS o
+    SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, last_error_json = NULL,
+        result_json = :p_result,
+        updated_at = (SELECT now FROM settle_clock), settled_at = (SELECT now FROM settle_clock)
+    WHERE o.occurrence_id = :p_id
+      AND (o.status = 'running') IS TRUE
+      AND o.lease_owner = :p_owner AND o.fence = CAST(:p_fence AS bigint)
+      AND o.lease_expires_at > (SELECT now FROM settle_clock)
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_occurrence_controls} AS c WHERE c.occurrence_id = o.occurrence_id)
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_authority_reservations} AS res WHERE res.occurrence_id = o.occurrence_id)
+      AND NOT EXISTS (SELECT 1 FROM {scheduler_occurrence_adjudications} AS adj WHERE adj.occurrence_id = o.occurrence_id)
+    RETURNING o.*
+),
+ev AS (
+    INSERT INTO {events} (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json)
+    SELECT job_id, occurrence_id, 'occurrence_succeeded', (SELECT now FROM settle_clock),
+           CAST(:p_owner AS varchar), fence,
+           '{"attempt":' || attempt || ',"maxAttempts":' || max_attempts || '}'
+    FROM settled
+    RETURNING 1
+)
+SELECT CAST(CASE WHEN (SELECT count(*) FROM settled) = 1 AND (SELECT count(*) FROM ev) = 1
+                 THEN '1' ELSE 'scheduler:kept-writes-changed' END AS integer) AS checked,
+       settle_clock.now AS server_now,
+       s.occurrence_id AS s_occurrence_id, s.job_id AS s_job_id, s.job_revision AS s_job_revision,
+       s.idempotency_key AS s_idempotency_key, s.trigger_key AS s_trigger_key,
+       s.scheduled_for AS s_scheduled_for, s.available_at AS s_available_at, s.status AS s_status,
+       s.attempt AS s_attempt, s.max_attempts AS s_max_attempts, s.fence AS s_fence,
+       s.lease_owner AS s_lease_owner, s.lease_expires_at AS s_lease_expires_at,
+       s.authority_json AS s_authority_json, s.payload_json AS s_payload_json,
+       s.last_error_json AS s_last_error_json, s.result_json AS s_result_json,
+       s.created_at AS s_created_at, s.updated_at AS s_updated_at, s.settled_at AS s_settled_at
+FROM settle_clock
+LEFT JOIN settled AS s ON true

@@ -140,6 +140,19 @@ class SQLiteBackend:
     def leave_enqueue_to_writes(self, tx: Tx, request: EnqueueCall, lock: tuple[str, str]) -> bool:
         return False
 
+    def leave_claim_to_writes(
+        self,
+        tx: Tx,
+        owner: str,
+        lease_ms: int,
+        claim_filter: ClaimFilter,
+        contention: ClaimContention | None,
+    ) -> bool:
+        return False
+
+    def leave_settle_to_writes(self, tx: Tx, request: SettleRequest) -> bool:
+        return False
+
     def schema_header(self, conn: Connection, target: SchemaTarget) -> tuple[int, int | None]:
         return sqlite.schema_header(conn, target)
 

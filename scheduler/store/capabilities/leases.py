@@ -107,6 +107,26 @@ def claim_in(
     return claims.write()
 
 
+def claim_next_in(
+    tx: Tx, owner: str, lease_ms: int, claim_filter: ClaimFilter, contention: ClaimContention | None
+) -> list[Occurrence]:
+    """``claim_in`` of one occurrence, left whole to the call's writes statement where the backend
+    may (``Backend.leave_claim_to_writes``)."""
+    if tx.backend.leave_claim_to_writes(tx, owner, lease_ms, claim_filter, contention):
+        _finish_with_pick(tx)  # the whole call is its writes statement
+        return cast(list[Occurrence], None)  # replaced by tx.finish once the statement ran
+    return claim_in(tx, owner, lease_ms, claim_filter, 1, None, contention)
+
+
+def settle_one_in(tx: Tx, request: SettleRequest) -> Occurrence:
+    """``settle_in``, left whole to the call's writes statement where the backend may
+    (``Backend.leave_settle_to_writes``)."""
+    if tx.backend.leave_settle_to_writes(tx, request):
+        _finish_with_pick(tx)
+        return cast(Occurrence, None)  # replaced by tx.finish once the statement ran
+    return settle_in(tx, request)
+
+
 def settle_and_claim_in(
     tx: Tx,
     request: SettleRequest,
@@ -240,7 +260,7 @@ class LeaseOperations(StoreBase):
         owner = normalize_key(owner_id, "ownerId")
         lease = normalize_lease_ms(lease_ms)
         claim_filter = normalize_claim_filter(job_kind, workspace_id)
-        claimed = self._write(lambda tx: claim_in(tx, owner, lease, claim_filter, 1, None, self._claims))
+        claimed = self._write(lambda tx: claim_next_in(tx, owner, lease, claim_filter, self._claims))
         if not claimed:
             self._idle()
             return None
@@ -308,7 +328,7 @@ class LeaseOperations(StoreBase):
             retry_at=retry_at,
             adjudication_request_id=adjudication_request_id,
         )
-        return self._write(lambda tx: settle_in(tx, request))
+        return self._write(lambda tx: settle_one_in(tx, request))
 
     def settle_and_claim(
         self,

@@ -13,6 +13,7 @@ class RestartTransaction(Exception):
 
 
 class WholeCycleMissed(RestartTransaction):
-    """A cycle left whole to one statement (``cycle_statement``) found a case that
-    statement does not decide (its check failed, nothing written): the runner runs the call again
+    """A call left whole to one statement (a cycle, a claim or a settle: PostgreSQL's
+    ``cycle_statement``, ``claim_statement``, ``settle_statement``) found a case that statement
+    does not decide (its check failed, nothing written): the runner runs the call again
     in a call the store may run again that does not try the statement, before any savepoint path."""

@@ -50,7 +50,8 @@ class CallMode:
     of a store-owned write, on a backend that runs such writes again
     (``Backend.reruns_owned_writes``)."""
     as_one_statement: bool = True
-    """The call may be sent as one statement (a quiet ``settle_and_claim``: ``cycle_statement``):
+    """The call may be sent as one statement (a quiet ``settle_and_claim``, ``claim_next`` or
+    ``settle``: PostgreSQL's ``cycle_statement``, ``claim_statement``, ``settle_statement``):
     false when the call runs again after that statement's check failed."""
 
 
@@ -69,7 +70,8 @@ EVENT_INSERT: Final = Prepared(insert(t.events))
 
 class PendingWrites(Protocol):
     """Work left to the statement that sends the call's kept writes (:meth:`Tx.pick_later`): a
-    whole successful cycle (PostgreSQL's ``cycle_statement.PendingCycle``)."""
+    whole successful cycle, claim or settle (PostgreSQL's ``cycle_statement.PendingCycle``,
+    ``claim_statement.PendingClaim``, ``settle_statement.PendingSettle``)."""
 
     @property
     def settles(self) -> bool:

@@ -1,5 +1,6 @@
-"""Helpers of the PostgreSQL ``settle_and_claim`` tests that compare the one-statement cycle
-(``cycle_statement``) with the usual way: turning the statement off, and comparing tables."""
+"""Helpers of the PostgreSQL tests that compare the one-statement calls (``cycle_statement``,
+``claim_statement``, ``settle_statement``) with the usual way: turning the statements off, and
+comparing tables."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
 
-from scheduler.backends.postgresql import cycle_statement, queries
+from scheduler.backends.postgresql import claim_statement, cycle_statement, queries, settle_statement
 from scheduler.store.plumbing.statement_plans import Prepared
 
 
@@ -34,3 +35,14 @@ def slowed_statement(name: str) -> Prepared:
     sql = queries.SQL[name]
     assert sql.count(start) == 1
     return queries.prepared(name, sql.replace(start, start + " FROM pg_sleep(2)"))
+
+
+@contextmanager
+def claim_and_settle_statements_off() -> Iterator[None]:
+    """A quiet ``claim_next`` and a successful ``settle`` are not tried as one statement
+    (``claim_statement``, ``settle_statement``): they run the usual way."""
+    with (
+        patch.object(claim_statement, "claim_in_one_statement", lambda *_args: None),
+        patch.object(settle_statement, "settle_in_one_statement", lambda *_args: None),
+    ):
+        yield

@@ -15,6 +15,7 @@ from unittest.mock import patch
 import psycopg
 import pytest
 from backends import PostgresServer, unique_name
+from cycle_support import claim_and_settle_statements_off
 from fastpath_support import AUTHORITY, T0, Clock, workload
 from sqlalchemy import Engine, bindparam, create_engine, event, literal_column, select
 from sqlalchemy.engine import URL
@@ -93,11 +94,17 @@ def run(
 
 
 def test_the_fast_path_sends_psycopg_exactly_what_sqlalchemy_sends(postgres_server: PostgresServer) -> None:
+    """Statement by statement; the calls the fast path alone sends as one statement
+    (``claim_statement``, ``settle_statement``) are turned off (their results and tables:
+    ``test_named_statements_give_the_same_results_and_tables_as_sqlalchemy``)."""
     schema = unique_name("t_fast")
     try:
         # An enqueue left whole to one statement is a tactic of the fast path's own, not another
         # execution of the same statements (test_postgresql_enqueue_statement.py compares it).
-        with patch.object(enqueue_statement, "enqueue_in_one_statement", lambda *_args: None):
+        with (
+            patch.object(enqueue_statement, "enqueue_in_one_statement", lambda *_args: None),
+            claim_and_settle_statements_off(),
+        ):
             fast_results, fast_seen, fast_tables = run(postgres_server, schema, fast=True)
         slow_results, slow_seen, slow_tables = run(postgres_server, schema, fast=False)
     finally:

@@ -22,7 +22,13 @@ from test_fastpath_postgresql import recording_cursor
 from test_postgresql_claims import AUTHORITY, LEASE, T0, _row_lock_free, _wait_event, enqueue
 
 from scheduler import open_store
-from scheduler.backends.postgresql import claim_locks, cycle_statement, queries
+from scheduler.backends.postgresql import (
+    claim_locks,
+    claim_statement,
+    cycle_statement,
+    queries,
+    settle_statement,
+)
 from scheduler.store.capabilities import settlement
 from scheduler.store.plumbing.session import OwnedRunner
 from scheduler.store.plumbing.statement_plans import Prepared
@@ -129,8 +135,10 @@ def test_a_cycle_is_two_round_trips_without_its_statement(
     (``cycle_read``); it goes with the transaction's ``BEGIN``. Then both writes and both events
     as one statement, with the ``COMMIT``. Each is ``EXECUTE`` of a statement the store named on
     its connection. No savepoint (the store-owned call restarts instead, below). A plain
-    ``settle``: its locked read with the clock, then its ``UPDATE`` and its event together."""
+    ``settle`` (its one statement, ``settle_statement``, turned off too): its locked read with the
+    clock, then its ``UPDATE`` and its event together."""
     monkeypatch.setattr(cycle_statement, "cycle_in_one_statement", lambda *_args: None)
+    monkeypatch.setattr(settle_statement, "settle_in_one_statement", lambda *_args: None)
     seen: list[tuple[str, Any]] = []
     engine, store = _recorded(postgres_server.url, pg_schema, seen)
     try:
@@ -227,13 +235,15 @@ def _started_until_it_waits(
 
 def _slow_the_lock(monkeypatch: pytest.MonkeyPatch, store: Any, path: str) -> None:
     """Slow the statement that locks a claim's candidate on ``path`` (``head``: the quiet path's
-    heads read and locked at once; ``list``: the contended path's lock, the store set to it)."""
+    heads read and locked at once; ``list``: the contended path's lock, the store set to it), the
+    claim taken the usual way (its one statement, ``claim_statement``, turned off)."""
+    monkeypatch.setattr(claim_statement, "claim_in_one_statement", lambda *_args: None)
     if path == "head":
-        lock = "WHERE head.plain FOR UPDATE OF o SKIP LOCKED"
+        locking = "WHERE head.plain FOR UPDATE OF o SKIP LOCKED"
         sql = queries.SQL["claim_head"]
-        assert sql.count(lock) == 1
+        assert sql.count(locking) == 1
         slowed = sql.replace(
-            lock, "WHERE head.plain AND EXISTS (SELECT FROM pg_sleep(1)) FOR UPDATE OF o SKIP LOCKED"
+            locking, "WHERE head.plain AND EXISTS (SELECT FROM pg_sleep(1)) FOR UPDATE OF o SKIP LOCKED"
         )
         monkeypatch.setattr(queries, "CLAIM_HEAD", queries.prepared("claim_head", slowed))
     else:
@@ -331,6 +341,13 @@ def test_a_rolled_back_call_keeps_the_prepared_statements(pg_engine: Engine, pg_
                 occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded", lease_ms=LEASE
             ).claimed
         assert held is not None
+        for _ in range(2):  # a lost lease's statements (its one statement, then the usual way), named
+            expect_error(
+                "SCHEDULER_LEASE_LOST",
+                lambda: store.settle(
+                    occurrence_id=held.id, owner_id="w", fence=held.fence + 1, outcome="succeeded"
+                ),
+            )
         before = _prepared_names(store)
         assert len(before) >= 3
         expect_error(

@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine, text
 from test_postgresql_races import AUTHORITY, T0
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
-from scheduler.backends.postgresql import claim_locks, queries
+from scheduler.backends.postgresql import claim_locks, claim_statement, queries
 from scheduler.backends.postgresql.claim_tactics import CONTENDED_EXTRA
 from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
 from scheduler.store.capabilities import claim_query
@@ -487,7 +487,9 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
     queue; once a head was held, the store's claims read the first ``claim_query.HEAD_WINDOW``
     due rows of each status (the window) and lock the first free one, and read the full list
     only when the window holds none, until ``ClaimContention.QUIET_CLAIMS`` claims in a row
-    took their first candidate."""
+    took their first candidate. (The claims run the usual way here, their one statement,
+    ``claim_statement``, turned off: it would take the same rows, or miss and run them so.)"""
+    monkeypatch.setattr(claim_statement, "claim_in_one_statement", lambda *_args: None)
     (store,) = open_stores(1)
     made = enqueue(store, 20)
     seen: list[str] = []

@@ -59,7 +59,7 @@ def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
         connection = store.connection
         connection.rollback()
         parameters = _parameters(held.id, kinds, workspace_id)
-        cycle = name in ("cycle", "cycle_window")
+        cycle = name in ("cycle", "cycle_window", "claim", "claim_window")
         if cycle and kinds is not None:  # nothing the filter may take is due: the check fails it
             with connection.begin(), pytest.raises(DBAPIError, match="kept-writes-changed"):
                 connection.exec_driver_sql(str(compiled), parameters)
@@ -70,8 +70,16 @@ def test_each_statement_runs_in_the_store_schema_with_its_declared_columns(
             rows = result.all()
             transaction.rollback()
         first = rows[0]._mapping
-        if cycle:  # settled made[0], claimed the next row
-            claimed = (first["s_occurrence_id"], first["c_occurrence_id"], first["checked"])
+        if name == "settle":  # settled made[0]
+            assert (first["s_occurrence_id"], first["s_status"], first["checked"]) == (
+                made[0],
+                "succeeded",
+                1,
+            )
+            return
+        if cycle:  # settled made[0] (the cycle), claimed the next row
+            settled = first.get("s_occurrence_id", made[0])
+            claimed = (settled, first["c_occurrence_id"], first["checked"])
             assert claimed == (made[0], made[1], 1)
             return
         if name.startswith("cycle_read"):
@@ -164,9 +172,10 @@ def test_the_enqueue_statements_run_in_the_store_schema_with_their_declared_colu
 
 def test_the_constants_written_into_the_statements_are_the_stores() -> None:
     window = f"LIMIT {HEAD_WINDOW})"
-    for name in ("cycle_read_window", "cycle_window"):
+    for name in ("cycle_read_window", "cycle_window", "claim_window"):
         assert queries.SQL[name].count(window) == 2, name  # one per waiting status
-    assert f"arm_rows = {HEAD_WINDOW} AND arm_rank = {HEAD_WINDOW}" in queries.SQL["cycle_window"]
+    for name in ("cycle_window", "claim_window"):
+        assert f"arm_rows = {HEAD_WINDOW} AND arm_rank = {HEAD_WINDOW}" in queries.SQL[name]
     for name in ("cycle", "cycle_window"):
         assert f"(SELECT waited_us FROM cycle_clock) <= {cycle_read.MAX_WAIT_US}" in queries.SQL[name]
 

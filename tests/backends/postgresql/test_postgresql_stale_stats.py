@@ -103,7 +103,7 @@ def assert_reads_within_window(plans: list[dict[str, Any]], window: int = WINDOW
 
 CLAIMS = [
     pytest.param("due_queued", id="candidate-list"),  # claim_batch; a window that cannot decide
-    pytest.param("head_queued", id="head-probe"),  # claim_next while its heads were free
+    pytest.param("head_plain", id="head-probe"),  # claim_next while its heads were free (claim_head)
     pytest.param("window", id="window-of-heads"),  # claim_next among workers
 ]
 
@@ -118,7 +118,7 @@ def claim(store: SchedulerStore, marker: str) -> Occurrence | None:
     """One claim through the statement named by ``marker``."""
     if marker == "window":
         as_among_workers(store)
-    if marker in ("head_queued", "window"):
+    if marker in ("head_plain", "window"):
         return store.claim_next(owner_id="w", lease_ms=60_000)
     claimed = store.claim_batch(owner_id="w", lease_ms=60_000, limit=1)
     return claimed[0] if claimed else None
@@ -441,6 +441,52 @@ def test_the_other_writes_of_one_occurrence_find_it_by_key_whatever_the_statisti
                 for plan in executed_plans(driver, statement, params):
                     scans = _occurrences_scans(plan)
                     assert scans and {index for index, _ in scans} == {"occurrences_pkey"}, (write, scans)
+    finally:
+        store.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("among_workers", [False, True], ids=["head", "window-of-heads"])
+def test_the_claim_in_one_statement_walks_a_bounded_window_of_a_churned_unanalyzed_queue(
+    postgres_server: PostgresServer, pg_schema: str, among_workers: bool
+) -> None:
+    """The same churn through ``claim_next`` then ``settle``, each one statement
+    (``claim_statement``, ``settle_statement``): the last claim's round trip is sent again by hand
+    with its statement EXPLAINed (ANALYZE, custom and generic plan) and rolled back. It claims one
+    row, reading no more rows of ``occurrences`` in any node than the window of heads."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(postgres_server.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    store = open_store(engine, schema=pg_schema)
+    try:
+        enqueue(store, CHURNED)
+        if among_workers:
+            as_among_workers(store)
+        for _ in range(CHURN_CYCLES):
+            seen.clear()
+            held = store.claim_next(owner_id="w", lease_ms=60_000)
+            assert held is not None
+            claimed = list(seen)
+            store.settle(occurrence_id=held.id, owner_id="w", fence=held.fence, outcome="succeeded")
+        (sent, _), *_ = claimed
+        begin, statement, commit = sent.split("; ")
+        assert begin.startswith("BEGIN") and commit == "COMMIT", sent
+        assert ("arm_rank" in named_statement(store, statement)) is among_workers
+        driver = _driver(store)
+        plans = []
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            try:
+                driver.execute(f"SET LOCAL plan_cache_mode = {mode}", prepare=False)
+                explained = driver.execute(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", prepare=False
+                ).fetchone()
+                assert explained is not None
+                plans.append(explained[0][0]["Plan"])
+            finally:
+                driver.rollback()
+        for plan in plans:
+            updated = [node for node in plan_nodes(plan) if node.get("Operation") == "Update"]
+            assert [node["Actual Rows"] for node in updated] == [1]  # claimed one
+        assert_reads_within_window(plans, claim_query.HEAD_WINDOW)
     finally:
         store.close()
         engine.dispose()
