@@ -36,6 +36,7 @@ from scheduler.store.capabilities.claim_query import (
     head_probe_params,
     head_probe_prepared,
     page_params,
+    rows_statement,
     walk_statement,
 )
 from scheduler.store.plumbing.statement_plans import StoredRow
@@ -426,15 +427,16 @@ def _through_eligible_jobs(
     tx: Tx, arm: str, after: WalkKey, wanted: int, claim_filter: ClaimFilter, budget: int
 ) -> list[StoredRow]:
     """The first ``wanted`` claimable rows after ``after`` among the eligible jobs' occurrences
-    (at most ``budget``, all of them), read a few more at a time than are still wanted: the
-    statement ranks the due ones and returns them with their columns, unfiltered."""
+    (at most ``budget``, all of them), one more at a time than are still wanted: the due ones
+    ranked, then the first ones' columns read, and the claimable ones kept."""
     found: list[StoredRow] = []
     size = wanted + 1
     while True:
         params = beyond_window_params(tx.now, after, claim_filter)
         params.update(budget=budget + 1, wanted=size)
-        rows = sorted(tx.all(eligible_jobs_statement(arm, claim_filter.shape), params), key=sort_key)
+        ids = [row.occurrence_id for row in tx.all(eligible_jobs_statement(arm, claim_filter.shape), params)]
+        rows = sorted(tx.all(rows_statement(arm), {"p_ids": ids}), key=sort_key) if ids else []
         found.extend(row for row in rows if claimable(row, tx.now))
-        if len(found) >= wanted or len(rows) < size:
+        if len(found) >= wanted or len(ids) < size:
             return found[:wanted]
         after, size = walk_key(rows[-1]), size * 2

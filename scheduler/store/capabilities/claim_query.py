@@ -316,9 +316,10 @@ def _due_from(status: str, start: ColumnElement[bool] | None) -> list[ColumnElem
 
 def _entries(status: str, start: ColumnElement[bool] | None, size: str, name: str) -> Any:
     """The first ``:<size>`` due index entries of ``status`` (eligible or not) from ``start``, in
-    the index's order: an ordered walk of ``scheduler_occurrences_claim`` that reads no row."""
+    the index's order: an ordered walk of ``scheduler_occurrences_claim`` that reads no row. It
+    has every column of the index's order, so a query ordered by them is ordered by the walk."""
     return (
-        select(*[_w.c[column] for column in KEY_COLUMNS])
+        select(*_claim_order(_w))
         .where(*_due_from(status, start))
         .order_by(*_claim_order(_w))
         .limit(_count(size))
@@ -702,13 +703,14 @@ def eligible_job_rows_statement(shape: Shape) -> Prepared:
 
 @functools.cache
 def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
-    """The first ``:wanted`` due rows of a waiting status after the bound key among the eligible
-    jobs' occurrences (at most ``:budget``, all of them: ``eligible_job_rows_statement`` counted
-    fewer), every one with its columns: ``claim_plan`` keeps the claimable ones.
+    """The ids of the first ``:wanted`` due rows of a waiting status after the bound key among the
+    eligible jobs' occurrences (at most ``:budget``, all of them: ``eligible_job_rows_statement``
+    counted fewer), in the seed's order; :func:`rows_statement` reads their columns.
 
     The eligible jobs' rows come from ``scheduler_occurrences_job`` and are ranked by their own
-    key columns (a sort of at most ``:budget`` short rows; no index can hand that order to
-    the planner); only the first ``:wanted`` are joined to their columns.
+    key columns: a sort of at most ``:budget`` short rows, in a statement of its own (a plan
+    that must sort is costed as if sorts were disabled on PostgreSQL's store connection, which
+    would leave every other choice in the same statement to chance).
     """
     members = (
         select(_m.c.occurrence_id, _m.c.status, _m.c.available_at, _m.c.scheduled_for)
@@ -716,7 +718,7 @@ def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
         .limit(_count("budget"))
         .subquery("members")
     )
-    first = (
+    return Prepared(
         select(members.c.occurrence_id)
         .where(
             members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
@@ -725,12 +727,18 @@ def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
         )
         .order_by(members.c.available_at, members.c.scheduled_for, members.c.occurrence_id)
         .limit(_count("wanted"))
-        .subquery("first_members")
     )
-    source = first.join(o, o.c.occurrence_id == first.c.occurrence_id).outerjoin(
-        _c, _c.c.occurrence_id == o.c.occurrence_id
+
+
+@functools.cache
+def rows_statement(arm: str) -> Prepared:
+    """The occurrences ``:p_ids`` as a due arm's rows (every column; ``job_ok`` true: the caller
+    read them through the eligible jobs), in no particular order."""
+    return Prepared(
+        select(*_columns(arm, literal_column("TRUE"), null()))
+        .select_from(_WITH_CONTROL)
+        .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
     )
-    return Prepared(select(*_columns(arm, literal_column("TRUE"), null())).select_from(source))
 
 
 @functools.cache
@@ -739,9 +747,13 @@ def walk_statement(arm: str, shape: Shape, ties: bool) -> Prepared:
     rows among the next ``:page`` due entries (``ties``: those at the key's ``available_at``;
     else the later ones), and a marker row with the key of the page's last entry when it was full.
 
-    The page's claimable entries are ranked by the page's own key columns, so no plan can walk
-    the claim index from its start to produce that order, and only the first ``:wanted`` of them
-    are joined to their columns.
+    The page's claimable entries are ranked by the page's own columns, in the walk's order (no
+    plan can produce that order by walking the claim index from its start, and none needs a
+    sort), and only the first ``:wanted`` of them are joined to their columns. Within the ties
+    the order leaves out ``available_at``: PostgreSQL knows it is constant there and orders the
+    walk by the other columns only, and a ranking it did not recognise as that order would need
+    a sort, costed as if sorts were disabled (``PLANNER_SQL``) and so leaving every other choice
+    in the statement to chance.
     """
     status = DUE_ARMS[arm]
     start = _TIES if ties else _LATER
@@ -759,7 +771,7 @@ def walk_statement(arm: str, shape: Shape, ties: bool) -> Prepared:
             )
         )
         .where(*filters)
-        .order_by(page.c.available_at, page.c.scheduled_for, page.c.occurrence_id)
+        .order_by(*_claim_order(page)[1 if ties else 0 :])
         .limit(_count("wanted"))
         .subquery("hits")
     )
