@@ -10,10 +10,16 @@ for one job), keeps the occurrences still dead-lettered at that very time, and o
 seed's key in Python, reading on until no unread event can tie with the last one kept.
 
 This is the seed's order as long as the store's clock never goes backwards between two
-dead-letterings (``settled_at`` then follows commit order). The walk reads at most
-:data:`EVENT_SCAN_BUDGET` events; when it cannot answer within that (dead letters sparse among
-recent events, rows dead-lettered without an event, fewer dead letters than asked for), the
-seed's own sorting query answers instead.
+dead-letterings (``settled_at`` then follows commit order). The walk reads the events in rounds:
+the first :data:`EVENT_SCAN_BUDGET` events, then each round :data:`GROWTH` times more. When a
+round cannot answer (dead letters sparse among the recent events), the seed's own sorting query
+answers instead if it would read fewer rows than the round's :data:`SORT_BUDGET` (also
+multiplied each round): the dead letters (the claim index's ``dead_letter`` entries), or for one
+job its occurrences (``scheduler_occurrences_job``), counted up to that bound. So a listing costs
+a few times the smaller of the events written since its oldest dead letter and the rows the
+sort would read, never a sort of every dead letter behind a burst of other events. The sorting
+query also answers when every event was read without an answer (rows dead-lettered without an
+event, fewer dead letters than asked for).
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ from scheduler.store.plumbing.constructs import glob_match, json_text_field
 from scheduler.store.plumbing.statement_plans import Prepared, StoredRow
 from scheduler.store.plumbing.tx import Tx
 
-EVENT_SCAN_BUDGET = 10_000
-"""Events the walk may read before the seed's query answers instead."""
+EVENT_SCAN_BUDGET = 4096
+"""Events the walk's first round reads."""
+SORT_BUDGET = 1024
+"""Rows the seed's sorting query may read to answer after the first round."""
+GROWTH: Final = 4
+"""How much each round raises both bounds."""
 PAGE_MARGIN = 16
 OUTCOME_UNKNOWN_GLOB: Final = "*_OUTCOME_UNKNOWN"
 
@@ -88,34 +98,57 @@ def _sorted(by_job: bool, unknown_only: bool) -> Prepared:
     return Prepared(query.order_by(_o.c.settled_at.desc(), _o.c.occurrence_id).limit(bindparam("limit")))
 
 
+@functools.cache
+def _sort_rows(by_job: bool) -> Prepared:
+    """How many rows the seed's sorting query would read, counted up to ``:bound``: the dead
+    letters, or the job's occurrences (read through ``scheduler_occurrences_job``)."""
+    counted = select(_o.c.occurrence_id)
+    if by_job:
+        counted = counted.where(_o.c.job_id == bindparam("job_id"))
+    else:
+        counted = counted.where(_o.c.status == literal_column(f"'{DEAD_LETTER}'"))
+    rows = counted.limit(bindparam("bound")).subquery("counted")
+    return Prepared(select(func.count()).select_from(rows))
+
+
 def _seed_key(row: StoredRow) -> tuple[int, str]:
     return (-row.settled_at, row.occurrence_id)
 
 
-def _walk_events(tx: Tx, job_id: str | None, unknown_only: bool, count: int) -> list[StoredRow] | None:
-    """The first ``count`` in the seed's order from the events walk, or ``None`` if it cannot tell."""
-    newest = tx.first(_NEWEST_EVENT)[0] or 0
-    floor = max(0, newest + 1 - EVENT_SCAN_BUDGET)
-    params: dict[str, Any] = {"before": newest + 1, "floor": floor, "page": count + PAGE_MARGIN}
-    if job_id is not None:
-        params["job_id"] = job_id
-    statement = _walk(job_id is not None, unknown_only)
-    found: dict[str, StoredRow] = {}
-    while True:
-        rows = tx.all(statement, params)
-        for row in rows:
-            if row.occurrence_id is not None:
-                found.setdefault(row.occurrence_id, row)
-        exhausted = len(rows) < params["page"]
-        oldest = min(rows, key=lambda row: row.event_id) if rows else None
-        if len(found) >= count:
-            ordered = sorted(found.values(), key=_seed_key)
-            boundary = ordered[count - 1].settled_at
-            if (exhausted and floor == 0) or (oldest is not None and oldest.occurred_at < boundary):
-                return ordered[:count]
-        if exhausted or oldest is None:
-            return None
-        params["before"] = oldest.event_id
+class _Walk:
+    """The dead-lettering events read so far, newest first, and what they tell."""
+
+    __slots__ = ("count", "found", "params", "statement", "tx")
+
+    def __init__(self, tx: Tx, job_id: str | None, unknown_only: bool, count: int) -> None:
+        self.tx = tx
+        self.count = count
+        self.statement = _walk(job_id is not None, unknown_only)
+        self.params: dict[str, Any] = {"page": count + PAGE_MARGIN}
+        if job_id is not None:
+            self.params["job_id"] = job_id
+        self.found: dict[str, StoredRow] = {}
+
+    def down_to(self, before: int, floor: int) -> list[StoredRow] | None:
+        """Read the events from ``before`` down to ``floor``: the answer, or ``None`` when those
+        events cannot give it."""
+        params = {**self.params, "before": before, "floor": floor}
+        count, found = self.count, self.found
+        while True:
+            rows = self.tx.all(self.statement, params)
+            for row in rows:
+                if row.occurrence_id is not None:
+                    found.setdefault(row.occurrence_id, row)
+            exhausted = len(rows) < params["page"]
+            oldest = min(rows, key=lambda row: row.event_id) if rows else None
+            if len(found) >= count:
+                ordered = sorted(found.values(), key=_seed_key)
+                boundary = ordered[count - 1].settled_at
+                if (exhausted and floor == 0) or (oldest is not None and oldest.occurred_at < boundary):
+                    return ordered[:count]
+            if exhausted or oldest is None:
+                return None
+            params["before"] = oldest.event_id
 
 
 def newest_dead_letters(
@@ -126,10 +159,16 @@ def newest_dead_letters(
     ``unknown_only``: only outcome-unknown dead letters without an adjudication (the
     adjudication listing's candidates).
     """
-    walked = _walk_events(tx, job_id, unknown_only, count)
-    if walked is not None:
-        return walked
-    params: dict[str, Any] = {"limit": count}
-    if job_id is not None:
-        params["job_id"] = job_id
-    return tx.all(_sorted(job_id is not None, unknown_only), params)
+    walk = _Walk(tx, job_id, unknown_only, count)
+    before = (tx.first(_NEWEST_EVENT)[0] or 0) + 1
+    events, bound = EVENT_SCAN_BUDGET, SORT_BUDGET
+    by_job = {} if job_id is None else {"job_id": job_id}
+    while before > 0:
+        floor = max(0, before - events)
+        walked = walk.down_to(before, floor)
+        if walked is not None:
+            return walked
+        if floor > 0 and tx.first(_sort_rows(job_id is not None), {**by_job, "bound": bound + 1})[0] <= bound:
+            break
+        before, events, bound = floor, max(events, 1) * GROWTH, max(bound, 1) * GROWTH
+    return tx.all(_sorted(job_id is not None, unknown_only), {**by_job, "limit": count})
