@@ -108,7 +108,8 @@ LISTINGS = {
     "steps": st.lists(STEP, min_size=1, max_size=10),
     "limit": st.integers(1, 6),
     "job": st.sampled_from([None, "a", "b"]),
-    # (events of the walk's first round, page margin, rows the sorting query may read after it)
+    # (events read before the sorting query's cost is first checked, first range's margin, rows
+    # the sorting query may read at that check)
     "bounds": st.sampled_from(
         [(10_000, 16, 1024), (10_000, 0, 1024), (3, 0, 0), (8, 1, 2), (1, 0, 0), (2, 0, 1000), (1, 1, 1)]
     ),
