@@ -8,7 +8,8 @@ Each state holds ``rows`` occurrences a claim or listing is not asked for, and a
   ``available_at``, ahead of kind ``b``'s work in workspace ``ws-b``;
 * ``dead``: ``rows`` dead letters (their final attempts failed with an outcome-unknown error),
   after a few of another job's;
-* ``fleet``: ``rows`` occurrences claimed by a fleet that died: every lease has expired.
+* ``fleet``: ``rows`` occurrences claimed by a fleet that died: every lease has expired (and
+  :data:`FLEET_SPARE` per unit of work more, which the cases reclaim).
 
 Enqueues go through ``enqueue_many`` in batches of :data:`BATCH`; the job is disabled with
 ``update_job``; dead letters and leases come from ``claim_batch`` and ``settle_many``. A state
@@ -104,12 +105,18 @@ def _dead(store: Any, rows: int, work: int) -> None:
     fail_finally(store, DEAD_JOB, rows, first + FEW_DEAD, "dead")
 
 
+FLEET_SPARE: Final = 12
+"""Expired leases the fleet holds beyond ``rows`` per unit of ``work``: the cases reclaim and
+settle one per claim and ten per batch."""
+
+
 def _fleet(store: Any, rows: int, work: int) -> None:
     store.create_job(id=FLEET_JOB, kind="bench", authority=BENCH_AUTHORITY)
-    enqueue(store, FLEET_JOB, rows, wall_ms() - PAST_MS, prefix="fleet")
+    leases = rows + FLEET_SPARE * work
+    enqueue(store, FLEET_JOB, leases, wall_ms() - PAST_MS, prefix="fleet")
     done = 0
-    while done < rows:  # 1 ms leases: every one has expired once the fleet stops
-        batch = store.claim_batch(owner_id=FLEET_OWNER, lease_ms=1, limit=min(BATCH, rows - done))
+    while done < leases:  # 1 ms leases: every one has expired once the fleet stops
+        batch = store.claim_batch(owner_id=FLEET_OWNER, lease_ms=1, limit=min(BATCH, leases - done))
         done += len(batch)
 
 
