@@ -65,7 +65,9 @@ def _hand_back(store: Any, occurrences: list[Any], settle: bool) -> None:
     queued at the head) the occurrences a timed call claimed."""
     for occurrence in occurrences:
         if settle:
-            store.settle(occurrence_id=occurrence.id, owner_id=OWNER, fence=occurrence.fence, outcome="succeeded")
+            store.settle(
+                occurrence_id=occurrence.id, owner_id=OWNER, fence=occurrence.fence, outcome="succeeded"
+            )
         else:
             store.release_lease(occurrence_id=occurrence.id, owner_id=OWNER, fence=occurrence.fence)
 
@@ -154,25 +156,57 @@ def _read(call: Callable[[Any], Any]) -> Callable[[Any], Timer]:
 
 
 CASES: Final = (
+    Case("plain_claim_next", "reference: claim_next on a queue of its work alone", "plain", _claims()),
+    Case("plain_claim_batch", "reference: claim_batch(10) on it", "plain", _claims(BATCH_LIMIT)),
+    Case("plain_settle_and_claim", "reference: settle_and_claim on it", "plain", _cycles()),
     Case("disabled_claim_next", "claim_next behind N due rows of a disabled job", "disabled", _claims()),
     Case("disabled_claim_batch", "claim_batch(10) behind them", "disabled", _claims(BATCH_LIMIT)),
     Case("disabled_settle_and_claim", "settle_and_claim behind them", "disabled", _cycles()),
-    Case("kind_claim_next", 'claim_next(job_kind="b") behind N due rows of kind a', "kinds", _claims(job_kind="b")),
-    Case("kind_claim_batch", 'claim_batch(10, job_kind="b") behind them', "kinds", _claims(BATCH_LIMIT, job_kind="b")),
-    Case("kind_settle_and_claim", 'settle_and_claim(job_kind="b") behind them', "kinds", _cycles(job_kind="b")),
-    Case("no_workspace_claim_next", "claim_next(workspace_id=<no match>) over them", "kinds", _nothing(workspace_id="nowhere")),
+    Case(
+        "kind_claim_next",
+        'claim_next(job_kind="b") behind N due rows of kind a',
+        "kinds",
+        _claims(job_kind="b"),
+    ),
+    Case(
+        "kind_claim_batch",
+        'claim_batch(10, job_kind="b") behind them',
+        "kinds",
+        _claims(BATCH_LIMIT, job_kind="b"),
+    ),
+    Case(
+        "kind_settle_and_claim", 'settle_and_claim(job_kind="b") behind them', "kinds", _cycles(job_kind="b")
+    ),
+    Case(
+        "no_workspace_claim_next",
+        "claim_next(workspace_id=<no match>) over them",
+        "kinds",
+        _nothing(workspace_id="nowhere"),
+    ),
     Case(
         "no_workspace_claim_batch",
         "claim_batch(10, workspace_id=<no match>) over them",
         "kinds",
         lambda store: Timer(
             lambda: _timed(
-                lambda: store.claim_batch(owner_id=OWNER, lease_ms=LEASE_MS, limit=BATCH_LIMIT, workspace_id="nowhere")
+                lambda: store.claim_batch(
+                    owner_id=OWNER, lease_ms=LEASE_MS, limit=BATCH_LIMIT, workspace_id="nowhere"
+                )
             )[1]
         ),
     ),
-    Case("workspace_claim_next", "claim_next(workspace_id=<a few rows behind them>)", "kinds", _claims(workspace_id=states.WS_B)),
-    Case("dead_letters", "list_dead_letters(limit=50) over N dead letters", "dead", _read(lambda s: s.list_dead_letters(limit=50))),
+    Case(
+        "workspace_claim_next",
+        "claim_next(workspace_id=<a few rows behind them>)",
+        "kinds",
+        _claims(workspace_id=states.WS_B),
+    ),
+    Case(
+        "dead_letters",
+        "list_dead_letters(limit=50) over N dead letters",
+        "dead",
+        _read(lambda s: s.list_dead_letters(limit=50)),
+    ),
     Case(
         "dead_letters_job",
         "list_dead_letters(job_id=<theirs>, limit=50)",
@@ -185,8 +219,15 @@ CASES: Final = (
         "dead",
         _read(lambda s: s.list_dead_letters(job_id=states.FEW_DEAD_JOB, limit=50)),
     ),
-    Case("adjudication", "list_adjudication_cases(limit=50) over them", "dead", _read(lambda s: s.list_adjudication_cases(limit=50))),
-    Case("fleet_claim_next", "claim_next over N expired leases (a dead fleet's)", "fleet", _claims(settle=True)),
+    Case(
+        "adjudication",
+        "list_adjudication_cases(limit=50) over them",
+        "dead",
+        _read(lambda s: s.list_adjudication_cases(limit=50)),
+    ),
+    Case(
+        "fleet_claim_next", "claim_next over N expired leases (a dead fleet's)", "fleet", _claims(settle=True)
+    ),
     Case("fleet_claim_batch", "claim_batch(10) over them", "fleet", _claims(BATCH_LIMIT, settle=True)),
     Case("fleet_settle_and_claim", "settle_and_claim over them", "fleet", _cycles()),
 )
@@ -229,7 +270,9 @@ def ready(store: Any, state: str, rows: int, calls: int) -> dict[str, Any]:
     if record is not None and record.get("rows") == rows and record.get("state") == state:
         return {**record, "reused": True}
     if record is not None or store.get_job(states.FIRST_JOBS[state]) is not None:
-        raise RuntimeError(f"the {state} state's database holds another size or an unfinished build: remove it")
+        raise RuntimeError(
+            f"the {state} state's database holds another size or an unfinished build: remove it"
+        )
     return {**states.build(store, state, rows, work_for(calls)), "reused": False}
 
 
@@ -238,7 +281,9 @@ def ready(store: Any, state: str, rows: int, calls: int) -> dict[str, Any]:
 
 def adversarial_specs(config: BenchConfig) -> list[Spec]:
     rows = config.adversarial_rows
-    specs = [Spec(f"adv_{case.key}_ms", _label(case, rows), "ms", "latency", GROUP_ADVERSARIAL) for case in CASES]
+    specs = [
+        Spec(f"adv_{case.key}_ms", _label(case, rows), "ms", "latency", GROUP_ADVERSARIAL) for case in CASES
+    ]
     return [*specs, FLEET_CYCLES, FLEET_BUSY]
 
 
@@ -273,7 +318,13 @@ def measure_adversarial(ctx: Context, record: Record) -> None:
             for case in CASES:
                 if case.state == state:
                     detail = time_case(store, case, calls)
-                    record(f"adv_{case.key}_ms", detail.pop("value"), rows=rows, build_s=built["build_s"], **detail)
+                    record(
+                        f"adv_{case.key}_ms",
+                        detail.pop("value"),
+                        rows=rows,
+                        build_s=built["build_s"],
+                        **detail,
+                    )
         finally:
             store.close()
     cycles, busy = measure_fleet_workers(ctx.path("adversarial-fleet.sqlite"), ctx.config.budget_s)
@@ -316,7 +367,9 @@ def measure_fleet_workers(path: Path, budget_s: float | None) -> tuple[int, int]
     start, results = spawn.Event(), spawn.Queue()
     seconds = FLEET_SECONDS if budget_s is None else min(FLEET_SECONDS, budget_s)
     processes = [
-        spawn.Process(target=_fleet_worker, args=(str(path), f"fresh-{i}", seconds, start, results), daemon=True)
+        spawn.Process(
+            target=_fleet_worker, args=(str(path), f"fresh-{i}", seconds, start, results), daemon=True
+        )
         for i in range(FLEET_WORKERS)
     ]
     finished = False
@@ -378,13 +431,17 @@ def run_adversarial(
             progress(f"{state}: building or reusing {rows:,} rows")
             record = ready(store, state, rows, calls)
             run.states.append(record)
-            progress(f"{state}: {'reused' if record['reused'] else 'built in ' + str(record['build_s']) + ' s'}")
+            progress(
+                f"{state}: {'reused' if record['reused'] else 'built in ' + str(record['build_s']) + ' s'}"
+            )
             for case in CASES:
                 if case.state != state:
                     continue
                 detail = time_case(store, case, calls)
                 median = detail.pop("value")
-                run.cases.append({"case": case.key, "label": _label(case, rows), "median_ms": round(median, 3), **detail})
+                run.cases.append(
+                    {"case": case.key, "label": _label(case, rows), "median_ms": round(median, 3), **detail}
+                )
                 progress(f"  {case.key}: median {median:.3f} ms, p99 {detail['p99_ms']:.3f} ms")
     return run
 
@@ -401,13 +458,21 @@ def _opened(opener: StoreOpener, state: str) -> Iterator[Any]:
 def adversarial_markdown(run: AdversarialRun) -> str:
     """The run as Markdown: the states (how long each took to build) and the cases."""
     lines = [
-        f"Adversarial queues on {run.backend}, {run.rows:,} rows, {run.calls} calls per case (`{run.command}`)",
+        f"Adversarial queues on {run.backend}, {run.rows:,} rows, {run.calls} calls per case",
+        f"(`{run.command}`)",
         "",
         "| state | build s | reused |",
         "|---|---:|---|",
     ]
-    lines += [f"| {state['state']} | {state['build_s']} | {'yes' if state['reused'] else 'no'} |" for state in run.states]
-    lines += ["", "| case | median ms | p99 ms | CPU µs/call | bound ms | verdict |", "|---|---:|---:|---:|---:|---|"]
+    lines += [
+        f"| {state['state']} | {state['build_s']} | {'yes' if state['reused'] else 'no'} |"
+        for state in run.states
+    ]
+    lines += [
+        "",
+        "| case | median ms | p99 ms | CPU µs/call | bound ms | verdict |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for case in run.cases:
         verdict = "met" if case["within_bound"] else "NOT met"
         lines.append(

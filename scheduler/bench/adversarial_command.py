@@ -76,7 +76,9 @@ def postgresql_states(url: str, rows: int, keep: bool) -> Iterator[Callable[[str
 def _drop(engine: Any, rows: int, quoted: Callable[[Any, str], str]) -> None:
     with engine.begin() as connection:
         for state in STATES:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted(engine, schema_name(state, rows))} CASCADE")
+            connection.exec_driver_sql(
+                f"DROP SCHEMA IF EXISTS {quoted(engine, schema_name(state, rows))} CASCADE"
+            )
 
 
 def run_command(
@@ -105,7 +107,9 @@ def run_command(
 
 
 def render(run: AdversarialRun, console: Console) -> None:
-    states = Table(title=f"Adversarial states on {run.backend} ({run.rows:,} rows, built through the public API)")
+    states = Table(
+        title=f"Adversarial states on {run.backend} ({run.rows:,} rows, built through the public API)"
+    )
     for column in ("state", "build s", "reused"):
         states.add_column(column, justify="left" if column == "state" else "right")
     for state in run.states:

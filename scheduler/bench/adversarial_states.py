@@ -1,7 +1,9 @@
 """The adversarial queues' states, built through the public API only (as a user reaches them).
 
-Each state holds ``rows`` occurrences a claim or listing is not asked for, and a little work it is:
+Each state holds ``rows`` occurrences a claim or listing is not asked for, and a little work it is
+(``plain`` holds only the work: the same calls on it are the reference for the others):
 
+* ``plain``: an enabled job's due work and nothing else;
 * ``disabled``: ``rows`` due occurrences of a disabled job, all with one ``available_at`` (a
   paused backlog's shape), ahead of an enabled job's work;
 * ``kinds``: ``rows`` due occurrences of kind ``a`` in workspace ``ws-a``, all with one
@@ -57,6 +59,11 @@ def enqueue(store: Any, job_id: str, count: int, first: int, *, prefix: str, at:
 def add_work(store: Any, job_id: str, count: int) -> None:
     """``count`` more due occurrences of ``job_id``, after every backlog row in the claim order."""
     enqueue(store, job_id, count, wall_ms() - PAST_MS // 2, prefix=f"work-{time.time_ns()}")
+
+
+def _plain(store: Any, rows: int, work: int) -> None:
+    store.create_job(id=ENABLED_JOB, kind="bench", authority=BENCH_AUTHORITY)
+    add_work(store, ENABLED_JOB, work)
 
 
 def _disabled(store: Any, rows: int, work: int) -> None:
@@ -120,9 +127,16 @@ def _fleet(store: Any, rows: int, work: int) -> None:
         done += len(batch)
 
 
-FIRST_JOBS: Final = {"disabled": DISABLED_JOB, "kinds": KIND_A_JOB, "dead": FEW_DEAD_JOB, "fleet": FLEET_JOB}
+FIRST_JOBS: Final = {
+    "plain": ENABLED_JOB,
+    "disabled": DISABLED_JOB,
+    "kinds": KIND_A_JOB,
+    "dead": FEW_DEAD_JOB,
+    "fleet": FLEET_JOB,
+}
 """The job each state's build creates first: present without :data:`BUILT_JOB`, an unfinished build."""
 BUILDERS: Final[dict[str, Callable[[Any, int, int], None]]] = {
+    "plain": _plain,
     "disabled": _disabled,
     "kinds": _kinds,
     "dead": _dead,
@@ -142,5 +156,7 @@ def build(store: Any, state: str, rows: int, work: int) -> dict[str, Any]:
     started = time.perf_counter()
     BUILDERS[state](store, rows, work)
     record = {"state": state, "rows": rows, "build_s": round(time.perf_counter() - started, 1)}
-    store.create_job(id=BUILT_JOB, kind="bench-meta", authority=BENCH_AUTHORITY, payload=record, enabled=False)
+    store.create_job(
+        id=BUILT_JOB, kind="bench-meta", authority=BENCH_AUTHORITY, payload=record, enabled=False
+    )
     return record

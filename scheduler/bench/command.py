@@ -102,7 +102,9 @@ def bench_command(
     ] = False,
     rows: Annotated[
         int,
-        typer.Option("--rows", min=100, help="--adversarial: rows each state holds that the calls must not walk."),
+        typer.Option(
+            "--rows", min=100, help="--adversarial: rows each state holds that the calls must not walk."
+        ),
     ] = 100_000,
     calls: Annotated[
         int, typer.Option("--calls", min=10, max=100_000, help="--adversarial: timed calls per case.")
@@ -114,7 +116,15 @@ def bench_command(
     if not is_supported(backend):
         raise typer.BadParameter("--backend must be sqlite or postgresql")
     if adversarial:
-        _adversarial(backend, db, rows=rows, calls=calls, directory=directory, keep=keep, files=(json_file, markdown_file))
+        _adversarial(
+            backend,
+            db,
+            rows=rows,
+            calls=calls,
+            directory=directory,
+            keep=keep,
+            files=(json_file, markdown_file),
+        )
         return
     if backend_named(backend).own_schema:
         _postgresql(

@@ -204,9 +204,10 @@ class ClaimPlan:
         done: set[str] | None = None,
         truncated: bool = False,
     ) -> None:
-        """``rows``: the claim statement's result. With ``read_limit`` (the statement's
-        ``arm_limit``) the plan tracks which due arms may hold more rows than were read, and
-        :meth:`next_candidate` stops rather than pass over them once they run dry. ``done``:
+        """``rows``: the claim statement's result. With ``read_limit`` (the rows per due arm
+        it was read for: :func:`first_per_arm`) the plan tracks which due arms may hold more
+        rows than were read, and :meth:`next_candidate` stops rather than pass over them once
+        they run dry. ``done``:
         occurrences already claimed, swept or given up in this transaction (left out; shared
         and extended by this plan). ``truncated``: the due rows given stop short of a row
         that may come before unread ones, so once they run out the next candidate is unknown."""
@@ -322,7 +323,9 @@ def read_plan(tx: Tx, claim_filter: ClaimFilter, limit: int, done: set[str] | No
         if probed is not None:
             return probed
     rows = tx.all(claim_next_prepared(claim_filter), claim_next_params(tx.now, limit, claim_filter))
-    plan = ClaimPlan(first_per_arm(rows, limit), tx.now, read_limit=None if done is None else limit, done=done)
+    plan = ClaimPlan(
+        first_per_arm(rows, limit), tx.now, read_limit=None if done is None else limit, done=done
+    )
     for arm, window_end, missing in plan.short_windows(limit):
         plan.extend(arm, due_rows_beyond_window(tx, arm, window_end, missing, claim_filter), missing)
     return plan
@@ -334,7 +337,7 @@ def first_per_arm(rows: Sequence[StoredRow], limit: int) -> list[StoredRow]:
     due: dict[str, list[StoredRow]] = {arm: [] for arm in DUE_STREAMS}
     kept: list[StoredRow] = []
     for row in rows:
-        (due[row.arm] if row.arm in due else kept).append(row)
+        due.get(row.arm, kept).append(row)
     for streamed in due.values():
         kept.extend(sorted(streamed, key=sort_key)[:limit])
     return kept

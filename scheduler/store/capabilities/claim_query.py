@@ -283,7 +283,7 @@ PAST_TIES: Final = 2**53
 
 def _after(alias: Any) -> ColumnElement[bool]:
     """The row's key lies after the bound key (a filter, for a bounded set of rows)."""
-    available_at, scheduled_for, occurrence_id = (bindparam(name) for name in AFTER)
+    available_at, scheduled_for, occurrence_id = (bindparam(name, type_=NullType()) for name in AFTER)
     return or_(
         alias.c.available_at > available_at,
         and_(
@@ -384,7 +384,10 @@ def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
         window = _entries(status, None, "window_size", f"window_{status}")
         arms.append(select(_claimable_in(window, arm, jobs).subquery(f"due_{status}")))
     expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
-    markers = [_marker(marker, _last_entry(DUE_ARMS[arm], None, "window_size")) for marker, arm in WINDOW_MARKERS.items()]
+    markers = [
+        _marker(marker, _last_entry(DUE_ARMS[arm], None, "window_size"))
+        for marker, arm in WINDOW_MARKERS.items()
+    ]
     return union_all(*arms, select(expired.subquery("expired")), *markers)
 
 
@@ -670,6 +673,7 @@ def claim_occurrence_params(now: int, occurrence_id: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ beyond the window
+
 
 def _eligible_job_ids(shape: Shape) -> Select[Any]:
     jobs = t.jobs.alias("eligible")

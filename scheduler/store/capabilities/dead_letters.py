@@ -108,7 +108,9 @@ def _range(by_job: bool, unknown_only: bool) -> Prepared:
         .limit(_literal("count"))
         .subquery("first")
     )
-    at_low = select(_e.c.occurred_at).where(_e.c.event_id >= bindparam("low")).order_by(_e.c.event_id).limit(1)
+    at_low = (
+        select(_e.c.occurred_at).where(_e.c.event_id >= bindparam("low")).order_by(_e.c.event_id).limit(1)
+    )
     oldest = select(null().label("occurrence_id"), at_low.scalar_subquery().label("settled_at"))
     return Prepared(union_all(select(first), oldest))
 
@@ -184,7 +186,9 @@ def newest_dead_letters(
     """
     keys = _walk(tx, job_id, unknown_only, count)
     if keys is not None:
-        rows = {row.occurrence_id: row for row in tx.all(_BY_ID, {"ids": [key.occurrence_id for key in keys]})}
+        rows = {
+            row.occurrence_id: row for row in tx.all(_BY_ID, {"ids": [key.occurrence_id for key in keys]})
+        }
         return [rows[key.occurrence_id] for key in keys]
     params: dict[str, Any] = {"limit": count}
     if job_id is not None:

@@ -7,7 +7,7 @@ API at a few hundred rows. Every statement of every case must reach ``occurrence
 ``scheduler_occurrences_job``), and sort only a set bounded before the sort: the eligible jobs'
 rows (``members``), a walk page's claimable entries (``hits``) or a range of dead-lettering
 events (``still_dead``). How much the calls do as the states grow, on both backends:
-``tests/conformance/test_adversarial_queues.py``. The expired-lease probe reads at most
+``tests/conformance/test_no_cliffs.py``. The expired-lease probe reads at most
 ``EXPIRED_PROBE`` + limit leases, yet every expired lease is still reclaimed or swept (at most
 100 per call, as the seed's sweep).
 """

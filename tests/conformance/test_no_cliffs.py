@@ -40,6 +40,13 @@ def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(adversarial_states, "BATCH", 100)
 
 
+READ_IN_SCHEMA = (
+    "SELECT (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes WHERE schemaname = %(s)s)"
+    " + (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables WHERE schemaname = %(s)s)"
+)
+"""The index entries and table rows read in a schema so far (PostgreSQL's statistics)."""
+
+
 def counter(place: StorePlace, store: SchedulerStore) -> Callable[[Callable[[], Any]], int]:
     """``measure(call)``: what ``call`` made the store's database do (see the module docstring)."""
     if place.backend == SQLITE:
@@ -68,11 +75,7 @@ def counter(place: StorePlace, store: SchedulerStore) -> Callable[[Callable[[], 
         store.connection.rollback()  # idle: the session's counters reach the shared statistics
         with server.engine.connect() as connection:
             connection.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
-            read = connection.exec_driver_sql(
-                "SELECT (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes WHERE schemaname = %(s)s)"
-                " + (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables WHERE schemaname = %(s)s)",
-                {"s": schema},
-            ).scalar_one()
+            read = connection.exec_driver_sql(READ_IN_SCHEMA, {"s": schema}).scalar_one()
         return int(read)
 
     def on_postgresql(call: Callable[[], Any]) -> int:
@@ -130,7 +133,9 @@ def test_the_calls_cost_as_much_behind_five_times_the_rows(
     small = case_costs(built(state, SMALL), state)
     large = case_costs(built(state, LARGE), state)
     assert small and set(small) == set(large)
-    grown = {key: (small[key], large[key]) for key in small if large[key] > small[key] * GROWTH_ALLOWED + SLACK}
+    grown = {
+        key: (small[key], large[key]) for key in small if large[key] > small[key] * GROWTH_ALLOWED + SLACK
+    }
     assert not grown, f"work at {SMALL:,} and {LARGE:,} rows: {grown}"
 
 
@@ -146,7 +151,10 @@ def traffic(store: SchedulerStore, cycles: int) -> None:
     adversarial_states.add_work(store, "adv-live", cycles)
     claimed = store.claim_batch(owner_id="live", lease_ms=60_000, limit=cycles, job_kind="live")
     store.settle_many(
-        [{"occurrence_id": o.id, "owner_id": "live", "fence": o.fence, "outcome": "succeeded"} for o in claimed]
+        [
+            {"occurrence_id": o.id, "owner_id": "live", "fence": o.fence, "outcome": "succeeded"}
+            for o in claimed
+        ]
     )
 
 
@@ -163,5 +171,7 @@ def test_dead_letters_behind_newer_events_cost_as_much_behind_five_times_the_row
         traffic(store, TRAFFIC)
         costs.append(case_costs((place, store), "dead"))
     small, large = costs
-    grown = {key: (small[key], large[key]) for key in small if large[key] > small[key] * GROWTH_ALLOWED + SLACK}
+    grown = {
+        key: (small[key], large[key]) for key in small if large[key] > small[key] * GROWTH_ALLOWED + SLACK
+    }
     assert not grown, f"work at {SMALL:,} and {LARGE:,} dead letters behind newer events: {grown}"
