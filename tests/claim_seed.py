@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -399,17 +399,14 @@ class OccurrenceSpec:
 
 
 TIMES = [NOW - 2000, NOW - 1000, NOW, NOW + 1000]
-jobs_strategy = st.lists(
-    st.builds(
-        JobSpec,
-        job_id=st.just(""),
-        kind=st.sampled_from(["agenda", "routine", "nightly"]),
-        enabled=st.sampled_from([True, True, True, False]),
-        workspace=st.sampled_from([None, "ws-a", "ws-b"]),
-    ),
-    min_size=1,
-    max_size=3,
+job_strategy = st.builds(
+    JobSpec,
+    job_id=st.just(""),
+    kind=st.sampled_from(["agenda", "routine", "nightly"]),
+    enabled=st.sampled_from([True, True, True, False]),
+    workspace=st.sampled_from([None, "ws-a", "ws-b"]),
 )
+jobs_strategy = st.lists(job_strategy, min_size=1, max_size=3)
 
 
 @st.composite
@@ -593,9 +590,64 @@ KINDS = st.sampled_from(
 )
 FILTERS = st.tuples(KINDS, st.sampled_from([None, None, "ws-a", "ws-b"]))
 EQUIVALENCE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# Bounds small enough that these states need every path: the first window, the probe through
-# the eligible jobs beyond it, and the continued walk when those jobs exceed the budget.
-SMALL_BOUNDS = st.sampled_from([(1, 0), (1, 100), (2, 2), (3, 100), (2, 0)])
+# Bounds (window, job probe budget, walk page) small enough that these states need every path:
+# the first window, the read through the eligible jobs beyond it, and the walk on in pages (one
+# or several rounds) when those jobs exceed the budget.
+SMALL_BOUNDS = st.sampled_from(
+    [(1, 0, 1), (1, 100, 1), (2, 2, 1), (3, 100, 2), (2, 0, 3), (1, 1, 1), (2, 3, 2), (1, 0, 2)]
+)
+
+
+@st.composite
+def backlog_state(draw: st.DrawFn) -> tuple[list[JobSpec], list[OccurrenceSpec]]:
+    """A state with a backlog of one job's due rows at one ``available_at`` (the claims below may
+    not take them: the job is disabled, or of a kind or workspace a filter leaves out) among the
+    randomized occurrences, some of which tie with the backlog on ``available_at`` and
+    ``scheduled_for``: the shape of a paused job's backlog ahead of other work."""
+    backlog_job = JobSpec(
+        "",
+        draw(st.sampled_from(["agenda", "nightly"])),
+        draw(st.sampled_from([False, False, True])),
+        draw(st.sampled_from([None, "ws-b"])),
+    )
+    jobs = [backlog_job, *draw(st.lists(job_strategy, min_size=1, max_size=2))]
+    available_at = draw(st.sampled_from(TIMES[:3]))
+    statuses = draw(st.sampled_from([("queued",), ("retry_wait",), ("queued", "retry_wait")]))
+    backlog = [
+        OccurrenceSpec(
+            occurrence_id=f"occ_m{index:03d}",
+            job=0,
+            status=statuses[index % len(statuses)],
+            available_at=available_at,
+            scheduled_for=T0 + draw(st.integers(0, 2)),
+            lease_expires_at=NOW,
+            max_attempts=3,
+            attempt=0,
+            fence=1,
+            control=None,
+            control_fence_offset=0,
+            retry=None,
+            retry_fence_offset=0,
+            adjudication=False,
+            reservation=False,
+        )
+        for index in range(draw(st.integers(3, 30)))
+    ]
+    work = [
+        replace(
+            backlog[0],
+            occurrence_id=f"occ_w{index:03d}",
+            job=1 + index % (len(jobs) - 1),
+            status=draw(st.sampled_from(["queued", "retry_wait"])),
+            available_at=draw(st.sampled_from([time for time in TIMES if available_at <= time <= NOW])),
+            scheduled_for=T0 + draw(st.integers(0, 2)),
+        )
+        for index in range(draw(st.integers(0, 6)))
+    ]
+    others = draw(
+        st.lists(occurrence_strategy(), min_size=1, max_size=6, unique_by=lambda spec: spec.occurrence_id)
+    )
+    return jobs, backlog + work + others
 
 
 def classify(outcome: Any, snapshot_rows: Snapshot) -> None:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from scheduler import open_store
 from scheduler.bench import register
+from scheduler.bench.adversarial import CASES
 from scheduler.bench.context import NullProgress, make_config
 from scheduler.bench.depth import DepthBuilder, depth_job
 from scheduler.bench.latency import depth_label
@@ -41,12 +42,7 @@ EXPECTED_FIGURES = {
     "history_limit50_peak_kib",
     "rss_at_max_depth_mb",
     "rss_bench_peak_mb",
-    "adv_disabled_ahead_ms",
-    "adv_kind_behind_ms",
-    "adv_no_workspace_ms",
-    "adv_expired_fleet_ms",
-    "adv_dead_letters_ms",
-    "adv_adjudication_ms",
+    *(f"adv_{case.key}_ms" for case in CASES),
     "adv_fleet_workers_cycles",
     "adv_fleet_workers_busy",
 }

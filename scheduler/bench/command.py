@@ -96,11 +96,36 @@ def bench_command(
     rounds: Annotated[
         int, typer.Option("--rounds", min=1, max=20, help="PostgreSQL: rounds per figure.")
     ] = 3,
+    adversarial: Annotated[
+        bool,
+        typer.Option("--adversarial", help="Only the adversarial queues, on either backend (see --rows)."),
+    ] = False,
+    rows: Annotated[
+        int,
+        typer.Option(
+            "--rows", min=100, help="--adversarial: rows each state holds that the calls must not walk."
+        ),
+    ] = 100_000,
+    calls: Annotated[
+        int, typer.Option("--calls", min=10, max=100_000, help="--adversarial: timed calls per case.")
+    ] = 200,
 ) -> None:
     """Measure the store on a temporary WAL database (synchronous=FULL) against the raw commit floor,
-    or (``--backend postgresql --db URL``) on a PostgreSQL server in a schema of its own."""
+    or (``--backend postgresql --db URL``) on a PostgreSQL server in a schema of its own;
+    ``--adversarial``: only the adversarial queues at ``--rows``, states built through the API."""
     if not is_supported(backend):
         raise typer.BadParameter("--backend must be sqlite or postgresql")
+    if adversarial:
+        _adversarial(
+            backend,
+            db,
+            rows=rows,
+            calls=calls,
+            directory=directory,
+            keep=keep,
+            files=(json_file, markdown_file),
+        )
+        return
     if backend_named(backend).own_schema:
         _postgresql(
             db,
@@ -126,6 +151,43 @@ def bench_command(
         raise typer.Exit(1)
 
 
+def _adversarial(
+    backend: str,
+    db: str | None,
+    *,
+    rows: int,
+    calls: int,
+    directory: Path | None,
+    keep: bool,
+    files: tuple[Path | None, Path | None],
+) -> None:
+    """``--adversarial``: :mod:`scheduler.bench.adversarial_command`; exit status 1 when a case
+    exceeds its bound."""
+    from scheduler.bench.adversarial_command import run_command
+
+    url = _postgresql_url(db) if backend_named(backend).own_schema else None
+    with terminated_cleanly():
+        run = run_command(
+            backend_named(backend).name,
+            rows=rows,
+            calls=calls,
+            directory=directory,
+            keep=keep,
+            url=url,
+            command=command_line(),
+            json_file=files[0],
+            markdown_file=files[1],
+        )
+    if not all(case["within_bound"] for case in run.cases):
+        raise typer.Exit(1)
+
+
+def _postgresql_url(db: str | None) -> str:
+    if not db:
+        raise typer.BadParameter("--backend postgresql needs --db postgresql+psycopg://…")
+    return "postgresql+psycopg://" + db.split("://", 1)[1] if db.startswith("postgresql://") else db
+
+
 def _postgresql(
     db: str | None,
     *,
@@ -141,9 +203,7 @@ def _postgresql(
 
     from scheduler.bench.pg_bench import PgBenchConfig, markdown, run_pg_bench
 
-    if not db:
-        raise typer.BadParameter("--backend postgresql needs --db postgresql+psycopg://…")
-    url = "postgresql+psycopg://" + db.split("://", 1)[1] if db.startswith("postgresql://") else db
+    url = _postgresql_url(db)
     config = PgBenchConfig(url=url, rounds=rounds, scale=scale or 1.0)
     if quick:
         config = PgBenchConfig(url=url, rounds=rounds, scale=scale or 0.25, depths=(1_000, 100_000))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 from unittest.mock import patch
@@ -39,6 +39,7 @@ from claim_seed import (
     PgCopy,
     Snapshot,
     among_workers,
+    backlog_state,
     build_state,
     classify,
     comparable,
@@ -176,24 +177,57 @@ def test_claim_batch_matches_successive_seed_claims(harness: ClaimHarness) -> No
     check()
 
 
+def small_bounds(bounds: tuple[int, int, int]) -> AbstractContextManager[Any]:
+    """The claim's window, job probe budget and first walk page shrunk to ``bounds``."""
+    window, budget, page = bounds
+    note(f"window {window}, budget {budget}, page {page}")
+    stack = ExitStack()
+    for name, value in (("WINDOW", window), ("JOB_PROBE_BUDGET", budget), ("WALK_PAGE", page)):
+        stack.enter_context(patch.object(claim_query, name, value))
+    return stack
+
+
 def test_claims_beyond_small_windows_match_successive_seed_claims(harness: ClaimHarness) -> None:
     @harness.settings()
     @given(state=states_strategy, filters=FILTERS, limit=st.integers(1, 6), bounds=SMALL_BOUNDS)
-    def check(state: Any, filters: tuple[Any, str | None], limit: int, bounds: tuple[int, int]) -> None:
+    def check(state: Any, filters: tuple[Any, str | None], limit: int, bounds: tuple[int, int, int]) -> None:
         harness.build(state)
         job_kind, workspace_id = filters
-        window, budget = bounds
         expected = seed_result(harness.db, lambda c: seed_claim_batch(c, limit, job_kind, workspace_id))
-        with (
-            patch.object(claim_query, "WINDOW", window),
-            patch.object(claim_query, "JOB_PROBE_BUDGET", budget),
-        ):
+        with small_bounds(bounds):
             actual = harness.run(
                 lambda store: store.claim_batch(
                     owner_id=OWNER, lease_ms=LEASE, limit=limit, job_kind=job_kind, workspace_id=workspace_id
                 )
             )
-        note(f"window {window}, budget {budget}")
+        assert actual == harness.expected(expected)
+
+    check()
+
+
+def test_claims_behind_a_backlog_match_the_seed(harness: ClaimHarness) -> None:
+    """A backlog of one job's due rows at one ``available_at`` (a paused job's, or a kind or
+    workspace the filter leaves out) ahead of and among other work: ``claim_next`` on every claim
+    path and ``claim_batch`` take what the seed takes, with the window, budget and pages shrunk
+    so the backlog fills several pages and every round beyond the window runs (half the examples
+    of the other tests: each state is several times larger)."""
+
+    @settings(harness.settings(), max_examples=max(1, harness.settings().max_examples // 2))
+    @given(state=backlog_state(), filters=FILTERS, limit=st.integers(1, 4), bounds=SMALL_BOUNDS)
+    def check(state: Any, filters: tuple[Any, str | None], limit: int, bounds: tuple[int, int, int]) -> None:
+        job_kind, workspace_id = filters
+        arguments = {"owner_id": OWNER, "lease_ms": LEASE, "job_kind": job_kind, "workspace_id": workspace_id}
+        for name, path in harness.claim_paths():
+            harness.build(state)
+            expected = seed_result(harness.db, lambda c: seed_claim_next(c, job_kind, workspace_id))
+            with path(), small_bounds(bounds):
+                actual = harness.run(lambda store: store.claim_next(**arguments))
+            classify(*expected)
+            assert actual == harness.expected(expected), name
+        harness.build(state)
+        expected = seed_result(harness.db, lambda c: seed_claim_batch(c, limit, job_kind, workspace_id))
+        with small_bounds(bounds):
+            actual = harness.run(lambda store: store.claim_batch(limit=limit, **arguments))
         assert actual == harness.expected(expected)
 
     check()

@@ -14,11 +14,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
+from scheduler.store.capabilities import claim_query
 from scheduler.store.capabilities.claim_query import (
     ARM_EXPIRED,
     ARM_QUEUED,
     ARM_RETRY_WAIT,
     ATTEMPT_NEUTRAL_CONTROLS,
+    GROWTH,
+    PAST_TIES,
     PAUSE_REQUESTED,
     PAUSED,
     RESUMED,
@@ -26,19 +29,26 @@ from scheduler.store.capabilities.claim_query import (
     WINDOW_MARKERS,
     ClaimFilter,
     beyond_window_params,
-    beyond_window_statement,
     claim_next_params,
     claim_next_prepared,
-    continued_walk_statement,
     eligible_job_rows_statement,
+    eligible_jobs_statement,
     head_probe_params,
     head_probe_prepared,
-    within_budget,
+    page_params,
+    rows_statement,
+    walk_statement,
 )
 from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import Tx
 
 DUE_STREAMS: Final = (ARM_QUEUED, ARM_RETRY_WAIT)
+WalkKey = tuple[int, int, str]
+"""A waiting row's place in the seed's order: (``available_at``, ``scheduled_for``, ``occurrence_id``)."""
+
+
+def walk_key(row: StoredRow) -> WalkKey:
+    return (row.available_at, row.scheduled_for, row.occurrence_id)
 
 
 class ClaimContention:
@@ -193,15 +203,16 @@ class ClaimPlan:
         done: set[str] | None = None,
         truncated: bool = False,
     ) -> None:
-        """``rows``: the claim statement's result. With ``read_limit`` (the statement's
-        ``arm_limit``) the plan tracks which due arms may hold more rows than were read, and
-        :meth:`next_candidate` stops rather than pass over them once they run dry. ``done``:
+        """``rows``: the claim statement's result. With ``read_limit`` (the rows per due arm
+        it was read for: :func:`first_per_arm`) the plan tracks which due arms may hold more
+        rows than were read, and :meth:`next_candidate` stops rather than pass over them once
+        they run dry. ``done``:
         occurrences already claimed, swept or given up in this transaction (left out; shared
         and extended by this plan). ``truncated``: the due rows given stop short of a row
         that may come before unread ones, so once they run out the next candidate is unknown."""
         expired: list[StoredRow] = []
         due: dict[str, list[StoredRow]] = {arm: [] for arm in DUE_STREAMS}
-        self.window_ends: dict[str, int | None] = {}
+        self.window_ends: dict[str, WalkKey] = {}
         self.target: StoredRow | None = None
         for row in rows:
             arm = row.arm
@@ -210,7 +221,7 @@ class ClaimPlan:
             elif arm in due:
                 due[arm].append(row)
             elif arm in WINDOW_MARKERS:
-                self.window_ends[WINDOW_MARKERS[arm]] = row.available_at
+                self.window_ends[WINDOW_MARKERS[arm]] = walk_key(row)
             else:
                 self.target = row
         self._read_limit = read_limit
@@ -232,13 +243,14 @@ class ClaimPlan:
         done = self._done
         return [row for row in rows if row.occurrence_id not in done]
 
-    def short_windows(self, limit: int) -> list[tuple[str, int, int]]:
-        """(arm, window end, rows missing) of each due arm that returned fewer than ``limit``
-        rows although its window was full: its remaining rows lie beyond the window."""
+    def short_windows(self, limit: int) -> list[tuple[str, WalkKey, int]]:
+        """(arm, key of the window's last entry, rows missing) of each due arm that returned
+        fewer than ``limit`` rows although its window was full: its remaining rows lie beyond
+        the window."""
         short = []
         for arm, end in self.window_ends.items():
             missing = limit - len(self._streams[arm])
-            if end is not None and missing > 0:
+            if missing > 0:
                 short.append((arm, end, missing))
         return short
 
@@ -310,10 +322,24 @@ def read_plan(tx: Tx, claim_filter: ClaimFilter, limit: int, done: set[str] | No
         if probed is not None:
             return probed
     rows = tx.all(claim_next_prepared(claim_filter), claim_next_params(tx.now, limit, claim_filter))
-    plan = ClaimPlan(rows, tx.now, read_limit=None if done is None else limit, done=done)
+    plan = ClaimPlan(
+        first_per_arm(rows, limit), tx.now, read_limit=None if done is None else limit, done=done
+    )
     for arm, window_end, missing in plan.short_windows(limit):
         plan.extend(arm, due_rows_beyond_window(tx, arm, window_end, missing, claim_filter), missing)
     return plan
+
+
+def first_per_arm(rows: Sequence[StoredRow], limit: int) -> list[StoredRow]:
+    """The window's rows with only the first ``limit`` of each due arm (in the seed's order):
+    the window returns every claimable row among its entries."""
+    due: dict[str, list[StoredRow]] = {arm: [] for arm in DUE_STREAMS}
+    kept: list[StoredRow] = []
+    for row in rows:
+        due.get(row.arm, kept).append(row)
+    for streamed in due.values():
+        kept.extend(sorted(streamed, key=sort_key)[:limit])
+    return kept
 
 
 def probed_plan(tx: Tx, claim_filter: ClaimFilter) -> ClaimPlan | None:
@@ -357,16 +383,62 @@ def window_plan(rows: Sequence[StoredRow], now: int, heads: int) -> ClaimPlan | 
 
 
 def due_rows_beyond_window(
-    tx: Tx, arm: str, window_end: int, limit: int, claim_filter: ClaimFilter
-) -> Sequence[StoredRow]:
-    """The next ``limit`` claimable rows of a due arm after its window (see ``claim_query``).
+    tx: Tx, arm: str, after: WalkKey, limit: int, claim_filter: ClaimFilter
+) -> list[StoredRow]:
+    """The first ``limit`` claimable rows of a due arm after the key ``after`` (its window's last
+    entry), read in rounds that each cost a bounded read (see ``claim_query``).
 
-    Read through the eligible jobs when they hold at most ``claim_query.JOB_PROBE_BUDGET`` occurrences,
-    else by walking on along the claim index.
+    A round counts the eligible jobs' occurrences up to its budget; within it, the rest is read
+    through them. Otherwise it walks the next page of the status's entries, keeps the claimable
+    ones, and the next round (both bounds ``GROWTH`` times larger) continues after the page.
     """
     shape = claim_filter.shape
-    params = beyond_window_params(tx.now, window_end, limit, claim_filter)
-    counted = tx.first(eligible_job_rows_statement(shape), params)
-    if within_budget(counted[0]):
-        return tx.all(beyond_window_statement(arm, shape), params)
-    return tx.all(continued_walk_statement(arm, shape), params)
+    found: list[StoredRow] = []
+    budget, page = claim_query.JOB_PROBE_BUDGET, claim_query.WALK_PAGE
+    while True:
+        params = beyond_window_params(tx.now, after, claim_filter)
+        counted = tx.first(eligible_job_rows_statement(shape), {**params, "budget": budget + 1})[0]
+        if counted <= budget:
+            return found + _through_eligible_jobs(tx, arm, after, limit - len(found), claim_filter, budget)
+        hits, end = _walk_page(tx, arm, after, page, limit - len(found), claim_filter)
+        found.extend(hits)
+        if len(found) >= limit or end is None:
+            return found
+        after = end
+        budget, page = max(budget, 1) * GROWTH, max(page, 1) * GROWTH
+
+
+def _walk_page(
+    tx: Tx, arm: str, after: WalkKey, entries: int, wanted: int, claim_filter: ClaimFilter
+) -> tuple[list[StoredRow], WalkKey | None]:
+    """The first ``wanted`` claimable rows among the next ``entries`` due entries after ``after``
+    and the key of the last of those entries (``None``: the status has no more)."""
+    ties = after[1] < PAST_TIES
+    params = {**beyond_window_params(tx.now, after, claim_filter), **page_params(max(entries, 1), wanted)}
+    rows = tx.all(walk_statement(arm, claim_filter.shape, ties), params)
+    hits = sorted((row for row in rows if row.arm == arm), key=sort_key)
+    end = next((walk_key(row) for row in rows if row.arm != arm), None)
+    if end is not None or not ties or len(hits) >= wanted:
+        return hits, end
+    # The entries tied at the key's available_at ran out: the page goes on after all of them.
+    later, end = _walk_page(tx, arm, (after[0], PAST_TIES, ""), entries, wanted - len(hits), claim_filter)
+    return hits + later, end
+
+
+def _through_eligible_jobs(
+    tx: Tx, arm: str, after: WalkKey, wanted: int, claim_filter: ClaimFilter, budget: int
+) -> list[StoredRow]:
+    """The first ``wanted`` claimable rows after ``after`` among the eligible jobs' occurrences
+    (at most ``budget``, all of them), one more at a time than are still wanted: the due ones
+    ranked, then the first ones' columns read, and the claimable ones kept."""
+    found: list[StoredRow] = []
+    size = wanted + 1
+    while True:
+        params = beyond_window_params(tx.now, after, claim_filter)
+        params.update(budget=budget + 1, wanted=size)
+        ids = [row.occurrence_id for row in tx.all(eligible_jobs_statement(arm, claim_filter.shape), params)]
+        rows = sorted(tx.all(rows_statement(arm), {"p_ids": ids}), key=sort_key) if ids else []
+        found.extend(row for row in rows if claimable(row, tx.now))
+        if len(found) >= wanted or len(ids) < size:
+            return found[:wanted]
+        after, size = walk_key(rows[-1]), size * 2

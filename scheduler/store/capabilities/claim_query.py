@@ -6,17 +6,22 @@ come from bounded probes of the index ``scheduler_occurrences_claim(status, avai
 lease_expires_at, scheduled_for, occurrence_id)``, and :mod:`scheduler.store.capabilities.claim_plan` merges
 them by the seed's key in Python, so the chosen occurrence is exactly the seed's:
 
-* ``queued`` and ``retry_wait`` (the *due arms*): an ordered walk of the index that stops at the
-  first ``:arm_limit`` rows passing the job/attempt/control filters, but never walks past the
-  first :data:`WINDOW` + ``arm_limit`` - 1 due entries of its status. A marker row per status reports the
-  ``available_at`` of the window's last entry (``NULL`` when fewer are due).
-* If a due arm came back short while its window was full, the rows it skipped belonged to jobs
-  the claim may not take (disabled, another kind or workspace) or were otherwise ineligible.
-  :func:`beyond_window_statement` then reads the rest of that status *through the jobs the
-  claim may take* (the ``scheduler_occurrences_job`` index, at most :data:`JOB_PROBE_BUDGET`
-  rows), so 100k due rows of a disabled job or of another kind cost one bounded probe instead
-  of a walk over all of them. Only when the eligible jobs themselves hold more rows than that
-  does the walk continue past the window (:func:`continued_walk_statement`).
+* ``queued`` and ``retry_wait`` (the *due arms*): the claimable rows among the first
+  :data:`WINDOW` + ``limit`` - 1 due entries of the status (the *window*: an ordered walk of the
+  index that reads exactly that many entries, however many share one ``available_at``), and a
+  marker row per status with the key (``available_at``, ``scheduled_for``, ``occurrence_id``)
+  of the window's last entry when the window was full. ``claim_plan`` keeps the first ``limit``.
+* If a due arm came back short while its window was full, the entries it passed over belonged to
+  jobs the claim may not take (disabled, another kind or workspace) or were otherwise
+  ineligible, and the rest of that status lies after the marker's key. ``claim_plan`` then reads
+  on in rounds, each bounded: when the jobs the claim may take hold few occurrences (at most
+  :data:`JOB_PROBE_BUDGET` in the first round, counted by :func:`eligible_job_rows_statement`),
+  their due rows after the key are read through them (:func:`eligible_jobs_statement`, the
+  ``scheduler_occurrences_job`` index); otherwise the next page of the status's entries
+  (:data:`WALK_PAGE` in the first round, :func:`walk_statement`), continuing after the page's
+  last key. Each round multiplies both bounds by :data:`GROWTH`, so the reads cost at most a few
+  times the smaller of the two (the ineligible entries ahead, the eligible jobs' occurrences):
+  100k due rows of a disabled job ahead of a small job's work cost one bounded read.
 * ``running`` with ``lease_expires_at <= now`` (the *expired arm*): on SQLite no index orders
   running rows by lease expiry, so reading every expired lease would cost a scan of all of them.
   The arm reads at most :data:`EXPIRED_PROBE` (+ the batch limit) expired leases the call can act
@@ -49,6 +54,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    tuple_,
     type_coerce,
     union_all,
 )
@@ -61,16 +67,19 @@ from scheduler.store.plumbing.constructs import correlated_exists, expiry_order,
 from scheduler.store.plumbing.statement_plans import Prepared
 
 SWEEP_LIMIT: Final = 100
-# The three bounds are bound parameters read when a claim runs (tests shrink them to exercise
-# every path on small states).
+# The bounds are read when a claim runs (tests shrink them to exercise every path on small states).
 WINDOW = 32
-"""Due index entries per status the first probe may walk beyond the ``limit`` it wants."""
+"""Due index entries per status the first probe reads beyond the ``limit`` it wants, less one."""
 HEAD_WINDOW: Final = 8
 """Due entries per waiting status a single claim reads once other workers held its first
 candidates (``claim_plan.window_plan``): the rows they hold and the next free ones, read with the
 heads' cost instead of the full candidate statement's."""
 JOB_PROBE_BUDGET = 4096
-"""Occurrences (any status) of the eligible jobs the beyond-the-window probe may read."""
+"""Occurrences (any status) of the eligible jobs the first beyond-the-window round may read."""
+WALK_PAGE = 256
+"""Due index entries the first page of a walk beyond the window reads."""
+GROWTH: Final = 4
+"""How much each round beyond the window raises both bounds (``claim_plan.due_rows_beyond_window``)."""
 EXPIRED_PROBE = SWEEP_LIMIT
 """Expired leases one claim reads, plus its batch limit: room for one full sweep and the claims."""
 
@@ -97,12 +106,12 @@ _w = t.occurrences.alias("w")
 _m = t.occurrences.alias("m")
 
 
-def _pending_retry(alias: Any) -> ColumnElement[bool]:
-    """An unclaimed requeue request at the occurrence's current fence."""
+def _pending_retry(alias: Any, row: Any = o) -> ColumnElement[bool]:
+    """An unclaimed requeue request (``alias``) at the occurrence's (``row``'s) current fence."""
     return and_(
-        alias.c.occurrence_id == o.c.occurrence_id,
+        alias.c.occurrence_id == row.c.occurrence_id,
         alias.c.claimed_at.is_(None),
-        alias.c.expected_fence == o.c.fence,
+        alias.c.expected_fence == row.c.fence,
     )
 
 
@@ -120,7 +129,6 @@ RETRY_REQUEST_ID: Final = (
     .correlate_except(_r)
     .scalar_subquery()
 )
-HAS_PENDING_RETRY: Final = exists().where(_pending_retry(_r_any))
 PENDING_ADJUDICATION: Final = (
     select(_a.c.request_id)
     .where(_a.c.occurrence_id == o.c.occurrence_id, _a.c.status == literal_column("'pending'"))
@@ -128,11 +136,25 @@ PENDING_ADJUDICATION: Final = (
 )
 _WITH_CONTROL = o.outerjoin(_c, _c.c.occurrence_id == o.c.occurrence_id)
 _STATE = _c.c.state
-_ATTEMPTS_ALLOW = or_(
-    o.c.attempt < o.c.max_attempts, _STATE == PAUSE_REQUESTED, _STATE == RESUMED, HAS_PENDING_RETRY
-)
+
+
+def _attempts_allow(row: Any, control: Any) -> ColumnElement[bool]:
+    """The row (``row``, its control ``control``) has an attempt left, or a control or requeue
+    request that lets it run again."""
+    state = control.c.state
+    pending = exists().where(_pending_retry(_r_any, row))
+    return or_(row.c.attempt < row.c.max_attempts, state == PAUSE_REQUESTED, state == RESUMED, pending)
+
+
+def _waiting_control_ok(control: Any) -> ColumnElement[bool]:
+    """No control, or one that lets a waiting row be claimed (not paused, no pause requested)."""
+    state = control.c.state
+    return or_(state.is_(None), and_(state != PAUSED, state != PAUSE_REQUESTED))
+
+
+_ATTEMPTS_ALLOW = _attempts_allow(o, _c)
 _NOT_PAUSED = or_(_STATE.is_(None), _STATE != PAUSED)
-_WAITING_CONTROL_OK = or_(_STATE.is_(None), and_(_STATE != PAUSED, _STATE != PAUSE_REQUESTED))
+_WAITING_CONTROL_OK = _waiting_control_ok(_c)
 _SWEEPABLE = and_(
     o.c.attempt >= o.c.max_attempts,
     or_(_STATE.is_(None), and_(_STATE != PAUSE_REQUESTED, _STATE != RESUMED)),
@@ -188,9 +210,9 @@ def _job_conditions(jobs: Any, shape: Shape) -> list[ColumnElement[bool]]:
     return conditions
 
 
-def job_filter(shape: Shape) -> ColumnElement[bool]:
-    """EXISTS an eligible job (:func:`_job_conditions`) for the row ``o`` (tested row by row)."""
-    return correlated_exists().where(_j.c.job_id == o.c.job_id, *_job_conditions(_j, shape))
+def job_filter(shape: Shape, row: Any = o) -> ColumnElement[bool]:
+    """EXISTS an eligible job (:func:`_job_conditions`) for the row ``row`` (tested row by row)."""
+    return correlated_exists().where(_j.c.job_id == row.c.job_id, *_job_conditions(_j, shape))
 
 
 # ------------------------------------------------------------------------------------ arms
@@ -227,35 +249,95 @@ def _claim_order(alias: Any) -> list[Any]:
     return [alias.c.available_at, alias.c.lease_expires_at, alias.c.scheduled_for, alias.c.occurrence_id]
 
 
-def _window_end(status: str) -> Any:
-    """``available_at`` of the last of the first :data:`WINDOW` due entries of ``status`` (or NULL)."""
-    return (
-        select(_w.c.available_at)
-        .where(_w.c.status == literal_column(f"'{status}'"), _w.c.available_at <= bindparam("now"))
-        .order_by(*_claim_order(_w))
-        .limit(_ONE)
-        .offset(_count("window_last"))
-        .scalar_subquery()
+KEY_COLUMNS: Final = ("available_at", "scheduled_for", "occurrence_id")
+"""A waiting row's place in the seed's order (its ``lease_expires_at`` is always NULL): the key a
+walk of one waiting status continues after (``claim_plan.WalkKey``)."""
+
+
+AFTER: Final = ("after_available_at", "after_scheduled_for", "after_occurrence_id")
+"""The bind parameters of the key a walk continues after (``claim_plan.WalkKey``)."""
+PAST_TIES: Final = 2**53
+"""A ``scheduled_for`` above every stored one (epoch ms are safe integers): the key
+``(available_at, PAST_TIES, "")`` lies after every entry at ``available_at``."""
+
+
+def _after(alias: Any) -> ColumnElement[bool]:
+    """The row's key lies after the bound key (a filter, for a bounded set of rows)."""
+    available_at, scheduled_for, occurrence_id = (bindparam(name, type_=NullType()) for name in AFTER)
+    return or_(
+        alias.c.available_at > available_at,
+        and_(
+            alias.c.available_at == available_at,
+            tuple_(alias.c.scheduled_for, alias.c.occurrence_id) > tuple_(scheduled_for, occurrence_id),
+        ),
     )
 
 
-def _due(arm: str, *where: Any, source: Any = _WITH_CONTROL, status_term: bool = True) -> Select[Any]:
-    """The first ``:arm_limit`` claimable rows of one waiting status matching ``where``."""
-    status = [o.c.status == literal_column(f"'{DUE_ARMS[arm]}'")] if status_term else []
+_TIES: Final = and_(
+    _w.c.available_at == bindparam(AFTER[0]),
+    _w.c.lease_expires_at.is_(None),
+    tuple_(_w.c.scheduled_for, _w.c.occurrence_id) > tuple_(bindparam(AFTER[1]), bindparam(AFTER[2])),
+)
+"""The entries tied with the bound key's ``available_at`` after it: a range of the claim index
+(``status``, ``available_at`` and the NULL ``lease_expires_at`` fixed, then a row-value bound)."""
+_LATER: Final = _w.c.available_at > bindparam(AFTER[0])
+"""The entries after every one at the bound key's ``available_at``."""
+
+
+def _due_from(status: str, start: ColumnElement[bool] | None) -> list[ColumnElement[bool]]:
+    """The due index entries of ``status`` from ``start`` (``None``: the first), as an index range."""
+    where = [_w.c.status == literal_column(f"'{status}'")]
+    if start is None or start is _LATER:
+        where.append(_w.c.available_at <= bindparam("now"))
+    if start is not None:  # at the key's available_at (due, as the key's entry is) or after it
+        where.append(start)
+    return where
+
+
+def _entries(status: str, start: ColumnElement[bool] | None, size: str, name: str) -> Any:
+    """The first ``:<size>`` due index entries of ``status`` (eligible or not) from ``start``, in
+    the index's order: an ordered walk of ``scheduler_occurrences_claim`` that reads no row. It
+    has every column of the index's order, so a query ordered by them is ordered by the walk."""
+    return (
+        select(*_claim_order(_w))
+        .where(*_due_from(status, start))
+        .order_by(*_claim_order(_w))
+        .limit(_count(size))
+        .subquery(name)
+    )
+
+
+def _last_entry(status: str, start: ColumnElement[bool] | None, size: str) -> Select[Any]:
+    """The key of the ``:<size>``-th due entry of ``status`` from ``start`` (no row when fewer;
+    its offset is the parameter ``:<size>_last``)."""
+    return (
+        select(*[_w.c[column] for column in KEY_COLUMNS])
+        .where(*_due_from(status, start))
+        .order_by(*_claim_order(_w))
+        .limit(_ONE)
+        .offset(_count(f"{size}_last"))
+    )
+
+
+def _marker(marker: str, last: Select[Any]) -> Select[Any]:
+    """One row when the walk was full: ``arm`` = the marker, the key columns of its last entry,
+    every other column NULL."""
+    end = last.subquery(f"end_{marker}")
+    occurrence = [end.c[column.name] if column.name in KEY_COLUMNS else null() for column in o.c]
+    return select(literal_column(f"'{marker}'").label("arm"), *occurrence, *[null()] * 5).select_from(end)
+
+
+def _claimable_in(entries: Any, arm: str, jobs: ColumnElement[bool]) -> Select[Any]:
+    """The rows of ``entries`` (due index entries) the claim may take, with every column, in no
+    particular order (``claim_plan`` orders them)."""
+    source = entries.join(o, o.c.occurrence_id == entries.c.occurrence_id).outerjoin(
+        _c, _c.c.occurrence_id == o.c.occurrence_id
+    )
     return (
         select(*_columns(arm, literal_column("TRUE"), null()))
         .select_from(source)
-        .where(*status, *where, _ATTEMPTS_ALLOW, _WAITING_CONTROL_OK)
-        .order_by(*_claim_order(o))
-        .limit(_count("arm_limit"))
+        .where(jobs, _ATTEMPTS_ALLOW, _WAITING_CONTROL_OK)
     )
-
-
-def _window_marker(marker: str) -> Select[Any]:
-    """One row: ``arm`` = the marker, ``available_at`` = the window's end, every other column NULL."""
-    end = _window_end(DUE_ARMS[WINDOW_MARKERS[marker]])
-    occurrence = [end.label(column.name) if column.name == "available_at" else null() for column in o.c]
-    return select(literal_column(f"'{marker}'").label("arm"), *occurrence, *[null()] * 5)
 
 
 def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Select[Any]:
@@ -274,13 +356,19 @@ def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Sele
 
 
 def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
+    """The window: per waiting status the claimable rows among its first ``:window_size`` due
+    entries and a marker with the last entry's key when it has that many; the expired arm."""
     jobs = job_filter(shape)
     arms: list[Any] = []
     for arm, status in DUE_ARMS.items():
-        window = o.c.available_at <= func.coalesce(_window_end(status), bindparam("now"))
-        arms.append(select(_due(arm, window, jobs).subquery(f"due_{status}")))
+        window = _entries(status, None, "window_size", f"window_{status}")
+        arms.append(select(_claimable_in(window, arm, jobs).subquery(f"due_{status}")))
     expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
-    return union_all(*arms, select(expired.subquery("expired")), *map(_window_marker, WINDOW_MARKERS))
+    markers = [
+        _marker(marker, _last_entry(DUE_ARMS[arm], None, "window_size"))
+        for marker, arm in WINDOW_MARKERS.items()
+    ]
+    return union_all(*arms, select(expired.subquery("expired")), *markers)
 
 
 def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
@@ -395,10 +483,14 @@ def claim_next_prepared(claim_filter: ClaimFilter) -> Prepared:
 def claim_next_params(now: int, limit: int, claim_filter: ClaimFilter) -> dict[str, Any]:
     params = claim_filter.params()
     params["now"] = now
-    params["arm_limit"] = limit
     params["expired_limit"] = EXPIRED_PROBE + limit
-    params["window_last"] = WINDOW + limit - 2  # a window of WINDOW + limit - 1 due entries
+    params.update(_size("window_size", WINDOW + limit - 1))
     return params
+
+
+def _size(name: str, entries: int) -> dict[str, int]:
+    """A walk of ``entries`` index entries: ``:<name>`` and the offset of its last, ``:<name>_last``."""
+    return {name: entries, f"{name}_last": entries - 1}
 
 
 def head_probe_prepared(claim_filter: ClaimFilter) -> Prepared:
@@ -435,21 +527,22 @@ def _eligible_job_ids(shape: Shape) -> Select[Any]:
     return select(jobs.c.job_id).where(*_job_conditions(jobs, shape))
 
 
-def beyond_window_params(now: int, after: int, limit: int, claim_filter: ClaimFilter) -> dict[str, Any]:
-    """Parameters of the three beyond-the-window statements."""
+def beyond_window_params(now: int, after: tuple[int, int, str], claim_filter: ClaimFilter) -> dict[str, Any]:
+    """The parameters every beyond-the-window statement takes (each adds its sizes)."""
     params = claim_filter.params()
-    params.update(now=now, after=after, arm_limit=limit, budget=JOB_PROBE_BUDGET + 1)
+    params["now"] = now
+    params.update(zip(AFTER, after, strict=True))
     return params
 
 
-def within_budget(eligible_rows: int) -> bool:
-    """Whether the eligible jobs' occurrences are few enough to read them all."""
-    return eligible_rows <= JOB_PROBE_BUDGET
+def page_params(entries: int, wanted: int) -> dict[str, int]:
+    """A walk page of ``entries`` index entries returning at most ``wanted`` rows."""
+    return {**_size("page", entries), "wanted": wanted}
 
 
 @functools.cache
 def eligible_job_rows_statement(shape: Shape) -> Prepared:
-    """How many occurrences (any status) the eligible jobs hold, counted up to the budget + 1."""
+    """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``."""
     rows = (
         select(_m.c.occurrence_id)
         .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
@@ -460,34 +553,79 @@ def eligible_job_rows_statement(shape: Shape) -> Prepared:
 
 
 @functools.cache
-def beyond_window_statement(arm: str, shape: Shape) -> Prepared:
-    """The next ``:arm_limit`` claimable rows of a due arm after ``:after``, read through the eligible jobs.
+def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
+    """The ids of the first ``:wanted`` due rows of a waiting status after the bound key among the
+    eligible jobs' occurrences (at most ``:budget``, all of them: ``eligible_job_rows_statement``
+    counted fewer), in the seed's order; :func:`rows_statement` reads their columns.
 
-    The eligible jobs' occurrences (found by ``scheduler_occurrences_job``: the only indexed
-    term of the inner query) are filtered by status and ``available_at`` there, then joined
-    to their rows by primary key and the few due ones sorted: a bounded read (used only when
-    :func:`eligible_job_rows_statement` is within the budget) instead of a walk over every
-    row of the other jobs.
+    The eligible jobs' rows come from ``scheduler_occurrences_job`` and are ranked by their own
+    key columns: a sort of at most ``:budget`` short rows, in a statement of its own (a plan
+    that must sort is costed as if sorts were disabled on PostgreSQL's store connection, which
+    would leave every other choice in the same statement to chance).
     """
     members = (
-        select(_m.c.occurrence_id, _m.c.status, _m.c.available_at)
+        select(_m.c.occurrence_id, _m.c.status, _m.c.available_at, _m.c.scheduled_for)
         .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
         .limit(_count("budget"))
         .subquery("members")
     )
-    source = members.join(o, o.c.occurrence_id == members.c.occurrence_id).outerjoin(
-        _c, _c.c.occurrence_id == o.c.occurrence_id
+    return Prepared(
+        select(members.c.occurrence_id)
+        .where(
+            members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
+            members.c.available_at <= bindparam("now"),
+            _after(members),
+        )
+        .order_by(members.c.available_at, members.c.scheduled_for, members.c.occurrence_id)
+        .limit(_count("wanted"))
     )
-    due = and_(
-        members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
-        members.c.available_at > bindparam("after"),
-        members.c.available_at <= bindparam("now"),
-    )
-    return Prepared(_due(arm, due, source=source, status_term=False))
 
 
 @functools.cache
-def continued_walk_statement(arm: str, shape: Shape) -> Prepared:
-    """The due arm's walk continued after ``:after`` without a window (the eligible jobs are large)."""
-    after = and_(o.c.available_at > bindparam("after"), o.c.available_at <= bindparam("now"))
-    return Prepared(_due(arm, after, job_filter(shape)))
+def rows_statement(arm: str) -> Prepared:
+    """The occurrences ``:p_ids`` as a due arm's rows (every column; ``job_ok`` true: the caller
+    read them through the eligible jobs), in no particular order."""
+    return Prepared(
+        select(*_columns(arm, literal_column("TRUE"), null()))
+        .select_from(_WITH_CONTROL)
+        .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
+    )
+
+
+@functools.cache
+def walk_statement(arm: str, shape: Shape, ties: bool) -> Prepared:
+    """One page of a waiting status's walk after the bound key: the first ``:wanted`` claimable
+    rows among the next ``:page`` due entries (``ties``: those at the key's ``available_at``;
+    else the later ones), and a marker row with the key of the page's last entry when it was full.
+
+    The page's claimable entries are ranked by the page's own columns, in the walk's order (no
+    plan can produce that order by walking the claim index from its start, and none needs a
+    sort), and only the first ``:wanted`` of them are joined to their columns. Within the ties
+    the order leaves out ``available_at``: PostgreSQL knows it is constant there and orders the
+    walk by the other columns only, and a ranking it did not recognise as that order would need
+    a sort, costed as if sorts were disabled (``PLANNER_SQL``) and so leaving every other choice
+    in the statement to chance.
+    """
+    status = DUE_ARMS[arm]
+    start = _TIES if ties else _LATER
+    page = _entries(status, start, "page", "page")
+    hit_o, hit_c = t.occurrences.alias("hit_o"), t.occurrence_controls.alias("hit_c")
+    filters = [job_filter(shape, hit_o), _attempts_allow(hit_o, hit_c), _waiting_control_ok(hit_c)]
+    hits = (
+        select(page.c.occurrence_id)
+        .select_from(
+            page.join(hit_o, hit_o.c.occurrence_id == page.c.occurrence_id).outerjoin(
+                hit_c, hit_c.c.occurrence_id == hit_o.c.occurrence_id
+            )
+        )
+        .where(*filters)
+        .order_by(*_claim_order(page)[1 if ties else 0 :])
+        .limit(_count("wanted"))
+        .subquery("hits")
+    )
+    source = hits.join(o, o.c.occurrence_id == hits.c.occurrence_id).outerjoin(
+        _c, _c.c.occurrence_id == o.c.occurrence_id
+    )
+    rows = select(*_columns(arm, literal_column("TRUE"), null())).select_from(source)
+    marker = next(name for name, marked in WINDOW_MARKERS.items() if marked == arm)
+    return Prepared(union_all(rows, _marker(marker, _last_entry(status, start, "page"))))

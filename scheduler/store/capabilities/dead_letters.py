@@ -5,24 +5,33 @@ No index orders occurrences by ``settled_at`` and the catalog is fixed, so the s
 every dead letter (166 ms at 100k). But every dead-lettering appends an
 ``occurrence_dead_lettered`` event in the same transaction, with ``occurred_at`` equal to the
 row's ``settled_at``, and events are numbered in commit order. :func:`newest_dead_letters`
-therefore walks those events newest first (the events primary key, or ``scheduler_events_job``
-for one job), keeps the occurrences still dead-lettered at that very time, and orders them by the
-seed's key in Python, reading on until no unread event can tie with the last one kept.
+therefore reads those events newest first, a range of event ids at a time (the events primary
+key, or ``scheduler_events_job`` for one job), each range twice as long as the one before: the
+database ranks a range's events by the seed's key, and only the first of them are checked for
+an occurrence still dead-lettered at that very time. The walk stops once no unread event can
+tie with the last one kept; a burst of dead letters in one transaction (one ``settled_at``)
+costs a sort of its events, not a read of every occurrence in it.
 
 This is the seed's order as long as the store's clock never goes backwards between two
-dead-letterings (``settled_at`` then follows commit order). The walk reads at most
-:data:`EVENT_SCAN_BUDGET` events; when it cannot answer within that (dead letters sparse among
-recent events, rows dead-lettered without an event, fewer dead letters than asked for), the
-seed's own sorting query answers instead.
+dead-letterings (``settled_at`` then follows commit order). Every :data:`EVENT_SCAN_BUDGET`
+events read (a bound :data:`GROWTH` times larger each time), the seed's own sorting query
+answers instead if it would read fewer rows than :data:`SORT_BUDGET` (also multiplied each
+time): the dead letters (the claim index's ``dead_letter`` entries), or for one job its
+occurrences (``scheduler_occurrences_job``), counted up to that bound. So a listing costs a few
+times the smaller of the events written since its oldest dead letter and the rows the sort would
+read, never a sort of every dead letter behind a burst of other events. The sorting query also
+answers when every event was read without an answer (rows dead-lettered without an event, fewer
+dead letters than asked for).
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import and_, bindparam, exists, func, literal_column, select
+from sqlalchemy import Integer, bindparam, exists, func, literal_column, null, select, union_all
 
 from scheduler.contract.constants import DEAD_LETTER
 from scheduler.schema import tables as t
@@ -30,9 +39,14 @@ from scheduler.store.plumbing.constructs import glob_match, json_text_field
 from scheduler.store.plumbing.statement_plans import Prepared, StoredRow
 from scheduler.store.plumbing.tx import Tx
 
-EVENT_SCAN_BUDGET = 10_000
-"""Events the walk may read before the seed's query answers instead."""
+EVENT_SCAN_BUDGET = 4096
+"""Events read before the first check of the sorting query's cost."""
+SORT_BUDGET = 1024
+"""Rows the seed's sorting query may read to answer at the first check."""
+GROWTH: Final = 4
+"""How much each check raises both bounds."""
 PAGE_MARGIN = 16
+"""Event ids the first range holds beyond the number of dead letters asked for."""
 OUTCOME_UNKNOWN_GLOB: Final = "*_OUTCOME_UNKNOWN"
 
 _e, _o, _a = t.events, t.occurrences, t.adjudications
@@ -47,34 +61,60 @@ def _unknown_outcome_without_adjudication() -> list[Any]:
     ]
 
 
-@functools.cache
-def _walk(by_job: bool, unknown_only: bool) -> Prepared:
-    """The next ``:page`` dead-lettering events before ``:before`` (not below ``:floor``), each with
-    its occurrence when that is still dead-lettered at the event's time (else NULL columns).
+def _literal(name: str) -> Any:
+    """A count rendered into the SQL when the statement runs (see ``claim_query._count``)."""
+    return bindparam(name, type_=Integer(), literal_execute=True)
 
-    The events are a subquery with its own LIMIT, read newest first by the events primary key
-    (or ``scheduler_events_job``); the occurrences are probed by primary key for those events
-    only (a LEFT JOIN keeps the events the outer loop).
+
+@functools.cache
+def _range(by_job: bool) -> Prepared:
+    """The dead-lettering events with ids in ``[:low, :high)``: the first ``:candidates`` of them
+    by ``occurred_at DESC, occurrence_id`` (the seed's order of the dead letters they made, for
+    those still dead-lettered at that time: :func:`_still_dead`), and one row more with
+    ``occurrence_id`` NULL and, as ``occurred_at``, the time of the first event from ``:low`` on
+    (any type): no older event happened later.
+
+    The events are read by the events primary key (or ``scheduler_events_job``) in a subquery
+    with a LIMIT of its own (``:span``, the range's length, so it never cuts one) and ranked on
+    their own columns: no occurrence is read for a dead letter the listing does not return, so
+    a burst of them in one transaction (one ``settled_at``) costs a sort of short rows.
     """
-    page = select(_e.c.event_id, _e.c.occurred_at, _e.c.occurrence_id).where(
+    events = select(_e.c.occurrence_id, _e.c.occurred_at).where(
         _e.c.event_type == literal_column("'occurrence_dead_lettered'"),
-        _e.c.event_id < bindparam("before"),
-        _e.c.event_id >= bindparam("floor"),
+        _e.c.event_id >= bindparam("low"),
+        _e.c.event_id < bindparam("high"),
     )
     if by_job:
-        page = page.where(_e.c.job_id == bindparam("job_id"))
-    events = page.order_by(_e.c.event_id.desc()).limit(bindparam("page")).subquery("dead_lettering")
-    still_dead = [
-        _o.c.occurrence_id == events.c.occurrence_id,
-        _o.c.status == literal_column(f"'{DEAD_LETTER}'"),
-        _o.c.settled_at == events.c.occurred_at,
-    ]
-    if unknown_only:
-        still_dead += _unknown_outcome_without_adjudication()
-    query = select(events.c.event_id, events.c.occurred_at, *_o.c).select_from(
-        events.outerjoin(_o, and_(*still_dead))
+        events = events.where(_e.c.job_id == bindparam("job_id"))
+    in_range = events.limit(_literal("span")).subquery("dead_lettering")
+    first = (
+        select(in_range.c.occurrence_id, in_range.c.occurred_at)
+        .order_by(in_range.c.occurred_at.desc(), in_range.c.occurrence_id)
+        .limit(_literal("candidates"))
+        .subquery("first")
     )
+    at_low = (
+        select(_e.c.occurred_at).where(_e.c.event_id >= bindparam("low")).order_by(_e.c.event_id).limit(1)
+    )
+    oldest = select(null().label("occurrence_id"), at_low.scalar_subquery().label("occurred_at"))
+    return Prepared(union_all(select(first), oldest))
+
+
+@functools.cache
+def _still_dead(unknown_only: bool) -> Prepared:
+    """The occurrences ``:ids`` (``unknown_only``: the outcome-unknown ones without an
+    adjudication) with their status and ``settled_at``: found by primary key, the status is
+    compared by the caller (as a condition here, it could lead SQLite to walk every dead letter
+    in the claim index instead)."""
+    query = select(_o.c.occurrence_id, _o.c.status, _o.c.settled_at).where(
+        _o.c.occurrence_id.in_(bindparam("ids", expanding=True))
+    )
+    if unknown_only:
+        query = query.where(*_unknown_outcome_without_adjudication())
     return Prepared(query)
+
+
+_BY_ID: Final = Prepared(select(_o).where(_o.c.occurrence_id.in_(bindparam("ids", expanding=True))))
 
 
 @functools.cache
@@ -88,34 +128,71 @@ def _sorted(by_job: bool, unknown_only: bool) -> Prepared:
     return Prepared(query.order_by(_o.c.settled_at.desc(), _o.c.occurrence_id).limit(bindparam("limit")))
 
 
-def _seed_key(row: StoredRow) -> tuple[int, str]:
-    return (-row.settled_at, row.occurrence_id)
+@functools.cache
+def _sort_rows(by_job: bool) -> Prepared:
+    """How many rows the seed's sorting query would read, counted up to ``:bound``: the dead
+    letters, or the job's occurrences (read through ``scheduler_occurrences_job``)."""
+    counted = select(_o.c.occurrence_id)
+    if by_job:
+        counted = counted.where(_o.c.job_id == bindparam("job_id"))
+    else:
+        counted = counted.where(_o.c.status == literal_column(f"'{DEAD_LETTER}'"))
+    rows = counted.limit(bindparam("bound")).subquery("counted")
+    return Prepared(select(func.count()).select_from(rows))
 
 
-def _walk_events(tx: Tx, job_id: str | None, unknown_only: bool, count: int) -> list[StoredRow] | None:
-    """The first ``count`` in the seed's order from the events walk, or ``None`` if it cannot tell."""
-    newest = tx.first(_NEWEST_EVENT)[0] or 0
-    floor = max(0, newest + 1 - EVENT_SCAN_BUDGET)
-    params: dict[str, Any] = {"before": newest + 1, "floor": floor, "page": count + PAGE_MARGIN}
-    if job_id is not None:
-        params["job_id"] = job_id
-    statement = _walk(job_id is not None, unknown_only)
-    found: dict[str, StoredRow] = {}
+Key = tuple[int, str]
+"""A dead letter's place in the seed's order: (``-settled_at``, ``occurrence_id``)."""
+
+
+def _dead_in_range(
+    tx: Tx, params: dict[str, Any], unknown_only: bool, count: int
+) -> tuple[list[Key], int | None]:
+    """The first ``count`` dead letters the events of one range made, still dead-lettered at
+    the event's time, and the range's lower time bound (:func:`_range`). The first events by the
+    seed's key are checked, twice as many each time until ``count`` of them still are (the
+    others were requeued since, or are not outcome-unknown ones) or the range has no more."""
+    candidates = count + PAGE_MARGIN
     while True:
-        rows = tx.all(statement, params)
-        for row in rows:
-            if row.occurrence_id is not None:
-                found.setdefault(row.occurrence_id, row)
-        exhausted = len(rows) < params["page"]
-        oldest = min(rows, key=lambda row: row.event_id) if rows else None
-        if len(found) >= count:
-            ordered = sorted(found.values(), key=_seed_key)
-            boundary = ordered[count - 1].settled_at
-            if (exhausted and floor == 0) or (oldest is not None and oldest.occurred_at < boundary):
-                return ordered[:count]
-        if exhausted or oldest is None:
+        rows = tx.all(_range("job_id" in params), {**params, "candidates": candidates})
+        oldest = next(row.occurred_at for row in rows if row.occurrence_id is None)
+        events = [row for row in rows if row.occurrence_id is not None]
+        ids = list({row.occurrence_id for row in events})
+        found = tx.all(_still_dead(unknown_only), {"ids": ids}) if ids else []
+        settled = {row.occurrence_id: row.settled_at for row in found if row.status == DEAD_LETTER}
+        dead = [
+            (-row.occurred_at, row.occurrence_id)
+            for row in events
+            if settled.get(row.occurrence_id) == row.occurred_at
+        ]
+        if len(dead) >= count or len(events) < candidates:
+            return dead, oldest
+        candidates *= 2
+
+
+def _walk(tx: Tx, job_id: str | None, unknown_only: bool, count: int) -> list[Key] | None:
+    """The first ``count`` in the seed's order from the events walk, or ``None`` when the seed's
+    sorting query should answer (see the module docstring)."""
+    by_job = {} if job_id is None else {"job_id": job_id}
+    high = (tx.first(_NEWEST_EVENT)[0] or 0) + 1
+    span, read, check, bound = count + PAGE_MARGIN, 0, EVENT_SCAN_BUDGET, SORT_BUDGET
+    kept: set[Key] = set()
+    while True:
+        low = max(0, high - span)
+        dead, oldest = _dead_in_range(
+            tx, {**by_job, "low": low, "high": high, "span": high - low}, unknown_only, count
+        )
+        first = heapq.nsmallest(count, kept.union(dead))
+        kept = set(first)
+        if len(first) == count and (low == 0 or (oldest is not None and oldest < -first[-1][0])):
+            return first
+        if low == 0:
             return None
-        params["before"] = oldest.event_id
+        high, span, read = low, span * 2, read + high - low
+        if read >= check:
+            if tx.first(_sort_rows(job_id is not None), {**by_job, "bound": bound + 1})[0] <= bound:
+                return None
+            check, bound = max(check, 1) * GROWTH, max(bound, 1) * GROWTH
 
 
 def newest_dead_letters(
@@ -126,9 +203,11 @@ def newest_dead_letters(
     ``unknown_only``: only outcome-unknown dead letters without an adjudication (the
     adjudication listing's candidates).
     """
-    walked = _walk_events(tx, job_id, unknown_only, count)
-    if walked is not None:
-        return walked
+    keys = _walk(tx, job_id, unknown_only, count)
+    if keys is not None:
+        ids = [occurrence_id for _, occurrence_id in keys]
+        rows = {row.occurrence_id: row for row in tx.all(_BY_ID, {"ids": ids})}
+        return [rows[occurrence_id] for occurrence_id in ids]
     params: dict[str, Any] = {"limit": count}
     if job_id is not None:
         params["job_id"] = job_id

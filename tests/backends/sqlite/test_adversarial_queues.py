@@ -1,9 +1,15 @@
-"""No cliffs: the claim and listing paths stay bounded on queues full of rows they are not asked for.
+"""No cliffs on SQLite: the query plans of the adversarial queues' calls, and the bounded
+expired-lease probe's behaviour.
 
-Small versions of the bench's adversarial queues (``scheduler/bench/adversarial.py``): the
-query plans SQLite chooses for them (no scan of ``occurrences``, no sort of an unbounded set),
-and the behaviour of the bounded expired-lease probe (every expired lease is still reclaimed or
-swept, at most 100 per call as the seed's sweep).
+The states are the bench's (``scheduler/bench/adversarial_states.py``), built through the public
+API at a few hundred rows. Every statement of every case must reach ``occurrences`` and
+``events`` through an index (no ``SCAN`` of either but the covering count of
+``scheduler_occurrences_job``), and sort only a set bounded before the sort: the eligible jobs'
+rows (``members``), a walk page's claimable entries (``hits``) or a range of dead-lettering
+events (``still_dead``). How much the calls do as the states grow, on both backends:
+``tests/conformance/test_no_cliffs.py``. The expired-lease probe reads at most
+``EXPIRED_PROBE`` + limit leases, yet every expired lease is still reclaimed or swept (at most
+100 per call, as the seed's sweep).
 """
 
 from __future__ import annotations
@@ -18,17 +24,17 @@ import pytest
 from claim_seed import captured_plans
 
 from scheduler import SchedulerStore, open_store
-from scheduler.bench.adversarial import dead_letter_all
+from scheduler.bench import adversarial, adversarial_states
 from scheduler.bench.context import BENCH_AUTHORITY
-from scheduler.bench.depth import DepthBuilder, depth_job
-from scheduler.bench.stores import PAST_MS, wall_ms
 from scheduler.store.capabilities import claim_query
 
 ROWS = 300
 LEASE = 60_000
-OCCURRENCE_SCAN = re.compile(
-    r"^SCAN (o|occurrences|w|m)\b(?! USING COVERING INDEX scheduler_occurrences_job)"
+OCCURRENCE_OR_EVENT_SCAN = re.compile(
+    r"^SCAN (o|occurrences|w|m|hit_o|events|e)\b(?! USING COVERING INDEX scheduler_occurrences_job)"
 )
+BOUNDED_SORTS = ("members", "hits", "still_dead")
+"""The subqueries whose rows a statement may sort: each has a LIMIT or is a page's entries."""
 
 
 @pytest.fixture
@@ -40,104 +46,71 @@ def store(tmp_path: Path) -> Iterator[SchedulerStore]:
         opened.close()
 
 
-def path_of(store: SchedulerStore) -> Path:
-    return Path(store.connection.engine.url.database or "")
-
-
-def bulk(store: SchedulerStore, job_id: str, rows: int = ROWS, **job: Any) -> None:
-    """``rows`` due occurrences of a new job (bulk insert, as the bench builds its queues)."""
-    store.create_job(
-        id=job_id, kind=job.get("kind", "bench"), authority=job.get("authority", BENCH_AUTHORITY)
-    )
-    DepthBuilder(path_of(store), depth_job(store, job_id), prefix=job_id).add(rows)
-
-
-def later(store: SchedulerStore, job_id: str, count: int) -> None:
-    base = wall_ms() - PAST_MS // 2
-    store.enqueue_many(
-        [{"job_id": job_id, "scheduled_for": base + i, "trigger_key": f"later-{i}"} for i in range(count)]
-    )
-
-
-def sql(store: SchedulerStore, statement: str) -> None:
-    connection = sqlite3.connect(path_of(store))
-    try:
-        connection.execute(statement)
-        connection.commit()
-    finally:
-        connection.close()
-
-
 def assert_bounded(plans: list[tuple[str, list[str]]]) -> None:
-    """No full scan of occurrences; a sort only of the bounded set read through the eligible jobs."""
     assert plans
     for statement, plan in plans:
-        assert not any(OCCURRENCE_SCAN.match(step.strip()) for step in plan), (statement, plan)
+        assert not any(OCCURRENCE_OR_EVENT_SCAN.match(step.strip()) for step in plan), (statement, plan)
         if any("TEMP B-TREE" in step for step in plan):
-            assert "members" in statement and any("MATERIALIZE members" in step for step in plan), plan
+            assert any(name in statement for name in BOUNDED_SORTS), (statement, plan)
 
 
-def test_a_disabled_backlog_ahead_is_skipped_through_the_eligible_jobs(store: SchedulerStore) -> None:
-    bulk(store, "off")
-    store.update_job("off", 1, enabled=False)
-    store.create_job(id="on", kind="bench", authority=BENCH_AUTHORITY)
-    later(store, "on", 3)
+@pytest.mark.parametrize("state", adversarial.STATES)
+def test_every_case_reaches_its_rows_through_an_index(store: SchedulerStore, state: str) -> None:
+    adversarial_states.build(store, state, ROWS, adversarial.work_for(3))
+    timers = [case.start(store) for case in adversarial.CASES if case.state == state]
+    try:
+        plans = captured_plans(store, [timer.call for timer in timers])
+    finally:
+        for timer in timers:
+            timer.finish()
+    assert_bounded(plans)
+    if state in ("disabled", "kinds"):  # the window was full of rows the claims may not take
+        assert any("members" in statement for statement, _ in plans)
+
+
+def test_a_backlog_too_large_for_the_job_probe_is_walked_in_pages(
+    store: SchedulerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the eligible jobs' rows over the probe's budget, the claim walks the backlog's ties
+    in pages (``hits``) and, past them, the later entries, bounded the same way."""
+    monkeypatch.setattr(claim_query, "JOB_PROBE_BUDGET", 4)
+    monkeypatch.setattr(claim_query, "WALK_PAGE", 8)
+    adversarial_states.build(store, "disabled", ROWS, 40)
     claimed: list[Any] = []
     plans = captured_plans(store, [lambda: claimed.append(store.claim_next(owner_id="w", lease_ms=LEASE))])
-    assert claimed[0] is not None and claimed[0].job_id == "on"
+    assert claimed[0] is not None and claimed[0].job_id == adversarial_states.ENABLED_JOB
     assert_bounded(plans)
-    assert any("members" in statement for statement, _ in plans)  # the beyond-the-window probe ran
-
-
-def test_a_kind_behind_another_kinds_backlog(store: SchedulerStore) -> None:
-    bulk(store, "kind-a", kind="a")
-    store.create_job(id="kind-b", kind="b", authority=BENCH_AUTHORITY)
-    later(store, "kind-b", 2)
-    claimed: list[Any] = []
-    plans = captured_plans(
-        store,
-        [
-            lambda: claimed.append(store.claim_next(owner_id="w", lease_ms=LEASE, job_kind="b")),
-            lambda: claimed.append(store.claim_next(owner_id="w", lease_ms=LEASE, job_kind=["c", "b"])),
-        ],
+    walks = [plan for statement, plan in plans if "hits" in statement]
+    assert walks and any(
+        "(status=? AND available_at=? AND lease_expires_at=? AND (scheduled_for,occurrence_id)>(?,?))" in step
+        for plan in walks
+        for step in plan
     )
-    assert [item.job_id for item in claimed] == ["kind-b", "kind-b"]
-    assert_bounded(plans)
 
 
-def test_a_workspace_without_a_match(store: SchedulerStore) -> None:
-    bulk(store, "ws", authority={**BENCH_AUTHORITY, "workspaceId": "ws-bench"})
-    claimed: list[Any] = []
-    plans = captured_plans(
-        store,
-        [lambda: claimed.append(store.claim_next(owner_id="w", lease_ms=LEASE, workspace_id="nowhere"))],
-    )
-    assert claimed == [None]
-    assert_bounded(plans)
+def expired(store: SchedulerStore, rows: int, max_attempts: int = 3) -> None:
+    """``rows`` occurrences claimed with 1 ms leases: every one expired (final attempts when
+    ``max_attempts`` is 1)."""
+    store.create_job(id="bench", kind="bench", authority=BENCH_AUTHORITY, max_attempts=max_attempts)
+    adversarial_states.add_work(store, "bench", rows)
+    assert len(store.claim_batch(owner_id="dead", lease_ms=1, limit=rows)) == rows
+
+
+def query(store: SchedulerStore, statement: str) -> Any:
+    """The first column of the first row ``statement`` returns, read on a connection of its own."""
+    connection = sqlite3.connect(store.connection.engine.url.database or "")
+    try:
+        return connection.execute(statement).fetchone()[0]
+    finally:
+        connection.close()
 
 
 def dead_letters(store: SchedulerStore) -> int:
-    connection = sqlite3.connect(path_of(store))
-    try:
-        return int(
-            connection.execute("SELECT count(*) FROM occurrences WHERE status = 'dead_letter'").fetchone()[0]
-        )
-    finally:
-        connection.close()
-
-
-def expire_all(store: SchedulerStore, attempt: int, max_attempts: int = 3) -> None:
-    past = wall_ms() - PAST_MS // 2
-    sql(
-        store,
-        f"UPDATE occurrences SET status = 'running', attempt = {attempt}, max_attempts = {max_attempts}, "
-        f"fence = 1, lease_owner = 'dead', lease_expires_at = {past} + (rowid % 7)",
-    )
+    return int(query(store, "SELECT count(*) FROM occurrences WHERE status = 'dead_letter'"))
 
 
 def test_an_expired_fleet_is_reclaimed_through_a_bounded_probe(store: SchedulerStore) -> None:
-    bulk(store, "bench")
-    expire_all(store, attempt=1)
+    expired(store, ROWS)
     claimed: list[Any] = []
     plans = captured_plans(store, [lambda: claimed.append(store.claim_next(owner_id="w", lease_ms=LEASE))])
     assert_bounded(plans)
@@ -154,8 +127,7 @@ def test_an_expired_fleet_is_reclaimed_through_a_bounded_probe(store: SchedulerS
 
 
 def test_the_sweep_still_dead_letters_100_expired_final_attempts_per_call(store: SchedulerStore) -> None:
-    bulk(store, "bench", rows=250)
-    expire_all(store, attempt=1, max_attempts=1)
+    expired(store, 250, max_attempts=1)
     counts = []
     for _ in range(3):
         assert store.claim_next(owner_id="w", lease_ms=LEASE) is None
@@ -165,30 +137,16 @@ def test_the_sweep_still_dead_letters_100_expired_final_attempts_per_call(store:
 
 
 def test_claim_occurrence_sweeps_through_the_same_bound(store: SchedulerStore) -> None:
-    bulk(store, "bench", rows=120)
-    expire_all(store, attempt=1, max_attempts=1)
-    later(store, "bench", 1)
-    target = store.list_occurrences_by_trigger(job_id="bench", trigger_key="later-0")[0]
+    expired(store, 120, max_attempts=1)
+    adversarial_states.add_work(store, "bench", 1)
+    target = next(
+        occurrence
+        for occurrence in store.list_occurrences_by_trigger(job_id="bench", trigger_key=_last_trigger(store))
+    )
     claimed = store.claim_occurrence(occurrence_id=target.id, owner_id="w", lease_ms=LEASE)
     assert claimed is not None and claimed.id == target.id
     assert dead_letters(store) == 100
 
 
-def test_dead_letter_listings_walk_the_newest_events(store: SchedulerStore) -> None:
-    bulk(store, "bench")
-    dead_letter_all(path_of(store), "HANDLER_OUTCOME_UNKNOWN")  # as the bench builds it
-    listed: list[Any] = []
-    plans = captured_plans(
-        store,
-        [
-            lambda: listed.append(store.list_dead_letters(limit=50)),
-            lambda: listed.append(store.list_dead_letters(job_id="bench", limit=50)),
-            lambda: listed.append(store.list_adjudication_cases(limit=50)),
-        ],
-    )
-    assert [len(items) for items in listed] == [50, 50, 50]
-    assert listed[0] == listed[1]
-    assert [case.occurrence_id for case in listed[2]] == [occurrence.id for occurrence in listed[0]]
-    assert_bounded(plans)
-    assert not any("TEMP B-TREE" in step for _, plan in plans for step in plan)
-    assert not any(step.strip().startswith("SCAN events") for _, plan in plans for step in plan)
+def _last_trigger(store: SchedulerStore) -> str:
+    return str(query(store, "SELECT trigger_key FROM occurrences WHERE status = 'queued'"))
