@@ -12,10 +12,11 @@ difference can be told from round-to-round weather. Usage (from the checkout's r
 
 Workloads: ``sqlite-enqueue`` (one ``enqueue_occurrence`` per transaction), ``sqlite-claim-settle``
 (``claim_next`` then ``settle``), ``sqlite-settle-and-claim`` (one call per cycle), and with
-``--pg-url``: ``pg-enqueue`` (one ``enqueue_occurrence`` per transaction, the server's clock, after
-50 not measured), ``pg-worker-1`` (one ``Worker`` draining no-op jobs) and ``pg-workers-4`` (four
-worker processes draining one queue). SQLite files are WAL with ``synchronous=FULL`` (the store's
-default), in ``--dir``; each PostgreSQL measurement uses a schema of its own, dropped at the end.
+``--pg-url``: ``pg-enqueue`` (``--jobs`` ``enqueue_occurrence`` calls, one per transaction, the
+server's clock, after 50 not measured), ``pg-worker-1`` (one ``Worker`` draining no-op jobs) and
+``pg-workers-4`` (four worker processes draining one queue). SQLite files are WAL with
+``synchronous=FULL`` (the store's default), in ``--dir``; each PostgreSQL measurement uses a schema
+of its own, dropped at the end.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def main() -> None:
     parser.add_argument("--a", type=Path, help="checkout A (the baseline)")
     parser.add_argument("--b", type=Path, help="checkout B (the change)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--ops", type=int, default=2_000, help="operations per SQLite or enqueue measurement")
+    parser.add_argument("--ops", type=int, default=2_000, help="operations per SQLite measurement")
     parser.add_argument("--jobs", type=int, default=3_000, help="jobs per PostgreSQL worker measurement")
     parser.add_argument("--pg-url", default=None)
     parser.add_argument("--dir", type=Path, default=None, help="where the SQLite files go")
@@ -210,7 +211,7 @@ def main() -> None:
     for round_no in range(options.rounds):
         order = ("a", "b") if round_no % 2 == 0 else ("b", "a")
         for workload in workloads:
-            ops = options.jobs if workload.startswith("pg-worker") else options.ops
+            ops = options.jobs if workload.startswith("pg-") else options.ops
             for side in order:
                 checkout = options.a if side == "a" else options.b
                 figures[workload][side].append(_one(checkout, workload, ops, directory, options.pg_url))
