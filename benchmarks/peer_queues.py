@@ -24,6 +24,12 @@ commits and no fencing:
 Compare with the store's ``settle_and_claim`` (one commit, fenced, two events):
 ``python -m benchmarks.pg_cycle_cpu --url postgresql+psycopg://… --warm-up 200 --cycles 3000
 --analyze --floor 1000``, alternating.
+
+``--queue procrastinate-defer`` measures an enqueue instead: procrastinate's synchronous
+``defer`` of one job, one transaction each (``SyncPsycopgConnector``), after 200 not measured.
+Compare with the store's ``enqueue_occurrence`` (one commit, deduplicated by identity, one event):
+the ``enqueue_occurrence`` figure of ``scheduler bench --backend postgresql``, or ``pg-enqueue`` of
+``python -m benchmarks.ab_checkouts``, alternating.
 """
 
 from __future__ import annotations
@@ -99,6 +105,24 @@ async def procrastinate_run(url: str, cycles: int) -> None:
         await app.job_manager.unregister_worker(worker)
 
 
+async def procrastinate_defer_run(url: str, cycles: int) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=url))
+
+    @app.task(name="noop")
+    def noop() -> None:
+        pass
+
+    with app.open():
+        app.schema_manager.apply_schema()
+
+        async def cycle() -> None:
+            noop.defer()
+
+        await measure(url, "procrastinate defer", cycle, cycles)
+
+
 async def pgqueuer_run(url: str, cycles: int) -> None:
     from pgqueuer.queries import EntrypointExecutionParameter, Queries
 
@@ -128,7 +152,11 @@ async def pgqueuer_run(url: str, cycles: int) -> None:
         await connection.close()
 
 
-RUNS = {"procrastinate": procrastinate_run, "pgqueuer": pgqueuer_run}
+RUNS = {
+    "procrastinate": procrastinate_run,
+    "procrastinate-defer": procrastinate_defer_run,
+    "pgqueuer": pgqueuer_run,
+}
 
 
 def main() -> None:
@@ -139,7 +167,7 @@ def main() -> None:
     parser.add_argument("--queue", choices=sorted(RUNS), required=True)
     parser.add_argument("--cycles", type=int, default=3000)
     args = parser.parse_args()
-    database = f"peer_{args.queue}"
+    database = f"peer_{args.queue.replace('-', '_')}"
     with psycopg.connect(args.admin_url, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {database}")
         admin.execute(f"CREATE DATABASE {database}")

@@ -53,7 +53,9 @@ from scheduler.store.records import Occurrence
 ENQUEUED: Final = "occurrence_enqueued"
 _NAMES: Final = tuple(column.name for column in t.occurrences.c)
 _REVISION_HEAD: Final = '{"jobRevision":0'
-_MAX_VERIFIED: Final = 1024
+_MAX_VERIFIED: Final = 8192
+"""Jobs remembered (all forgotten at once when full): a job forgotten costs its next enqueue one
+round trip more than the usual way, which verifies it again."""
 _VERIFIED: dict[tuple[str, str], str | None] = {}
 """(schema, job id) -> the digest of the job's texts as last verified, or ``None``: they were
 not taken as stored (no statement is tried for the job while this entry is kept)."""
