@@ -7,10 +7,10 @@ every dead letter (166 ms at 100k). But every dead-lettering appends an
 row's ``settled_at``, and events are numbered in commit order. :func:`newest_dead_letters`
 therefore reads those events newest first, a range of event ids at a time (the events primary
 key, or ``scheduler_events_job`` for one job), each range twice as long as the one before: the
-statement keeps the occurrences still dead-lettered at that very time and returns only the first
-``count`` of them by the seed's key, and the oldest dead-lettering time it read. The walk stops
-once no unread event can tie with the last one kept; a burst of dead letters in one transaction
-(one ``settled_at``) is ranked by the database, not read row by row.
+database ranks a range's events by the seed's key, and only the first of them are checked for
+an occurrence still dead-lettered at that very time. The walk stops once no unread event can
+tie with the last one kept; a burst of dead letters in one transaction (one ``settled_at``)
+costs a sort of its events, not a read of every occurrence in it.
 
 This is the seed's order as long as the store's clock never goes backwards between two
 dead-letterings (``settled_at`` then follows commit order). Every :data:`EVENT_SCAN_BUDGET`
@@ -31,7 +31,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import Integer, and_, bindparam, exists, func, literal_column, null, select, union_all
+from sqlalchemy import Integer, bindparam, exists, func, literal_column, null, select, union_all
 
 from scheduler.contract.constants import DEAD_LETTER
 from scheduler.schema import tables as t
@@ -67,18 +67,17 @@ def _literal(name: str) -> Any:
 
 
 @functools.cache
-def _range(by_job: bool, unknown_only: bool) -> Prepared:
-    """The dead-lettering events with ids in ``[:low, :high)``: the first ``:count`` of their
-    occurrences still dead-lettered at the event's time, by the seed's key (``occurrence_id``,
-    ``settled_at``), and one row more with ``occurrence_id`` NULL and, as ``settled_at``, the
-    time of the first event from ``:low`` on (any type): no older event happened later.
+def _range(by_job: bool) -> Prepared:
+    """The dead-lettering events with ids in ``[:low, :high)``: the first ``:candidates`` of them
+    by ``occurred_at DESC, occurrence_id`` (the seed's order of the dead letters they made, for
+    those still dead-lettered at that time: :func:`_still_dead`), and one row more with
+    ``occurrence_id`` NULL and, as ``occurred_at``, the time of the first event from ``:low`` on
+    (any type): no older event happened later.
 
-    The events are a subquery with a LIMIT of its own (``:span``, the range's length, so it never
-    cuts one), read by the events primary key (or ``scheduler_events_job``), and their
-    occurrences are probed by primary key (a LEFT JOIN keeps the events the outer loop), in a
-    subquery with such a LIMIT too: planned apart from the ranking's sort, which PostgreSQL's
-    store connection costs as if sorts were disabled (``opening.PLANNER_SQL``), and so would leave
-    the join to chance in the same query.
+    The events are read by the events primary key (or ``scheduler_events_job``) in a subquery
+    with a LIMIT of its own (``:span``, the range's length, so it never cuts one) and ranked on
+    their own columns: no occurrence is read for a dead letter the listing does not return, so
+    a burst of them in one transaction (one ``settled_at``) costs a sort of short rows.
     """
     events = select(_e.c.occurrence_id, _e.c.occurred_at).where(
         _e.c.event_type == literal_column("'occurrence_dead_lettered'"),
@@ -88,31 +87,31 @@ def _range(by_job: bool, unknown_only: bool) -> Prepared:
     if by_job:
         events = events.where(_e.c.job_id == bindparam("job_id"))
     in_range = events.limit(_literal("span")).subquery("dead_lettering")
-    still_dead = [
-        _o.c.occurrence_id == in_range.c.occurrence_id,
-        _o.c.status == literal_column(f"'{DEAD_LETTER}'"),
-        _o.c.settled_at == in_range.c.occurred_at,
-    ]
-    if unknown_only:
-        still_dead += _unknown_outcome_without_adjudication()
-    joined = (
-        select(_o.c.occurrence_id, _o.c.settled_at)
-        .select_from(in_range.outerjoin(_o, and_(*still_dead)))
-        .limit(_literal("span"))
-        .subquery("still_dead")
-    )
     first = (
-        select(joined.c.occurrence_id, joined.c.settled_at)
-        .where(joined.c.occurrence_id.is_not(None))
-        .order_by(joined.c.settled_at.desc(), joined.c.occurrence_id)
-        .limit(_literal("count"))
+        select(in_range.c.occurrence_id, in_range.c.occurred_at)
+        .order_by(in_range.c.occurred_at.desc(), in_range.c.occurrence_id)
+        .limit(_literal("candidates"))
         .subquery("first")
     )
     at_low = (
         select(_e.c.occurred_at).where(_e.c.event_id >= bindparam("low")).order_by(_e.c.event_id).limit(1)
     )
-    oldest = select(null().label("occurrence_id"), at_low.scalar_subquery().label("settled_at"))
+    oldest = select(null().label("occurrence_id"), at_low.scalar_subquery().label("occurred_at"))
     return Prepared(union_all(select(first), oldest))
+
+
+@functools.cache
+def _still_dead(unknown_only: bool) -> Prepared:
+    """The occurrences ``:ids`` (``unknown_only``: the outcome-unknown ones without an
+    adjudication) with their status and ``settled_at``: found by primary key, the status is
+    compared by the caller (as a condition here, it could lead SQLite to walk every dead letter
+    in the claim index instead)."""
+    query = select(_o.c.occurrence_id, _o.c.status, _o.c.settled_at).where(
+        _o.c.occurrence_id.in_(bindparam("ids", expanding=True))
+    )
+    if unknown_only:
+        query = query.where(*_unknown_outcome_without_adjudication())
+    return Prepared(query)
 
 
 _BY_ID: Final = Prepared(select(_o).where(_o.c.occurrence_id.in_(bindparam("ids", expanding=True))))
@@ -142,30 +141,50 @@ def _sort_rows(by_job: bool) -> Prepared:
     return Prepared(select(func.count()).select_from(rows))
 
 
-def _seed_key(row: StoredRow) -> tuple[int, str]:
-    return (-row.settled_at, row.occurrence_id)
+Key = tuple[int, str]
+"""A dead letter's place in the seed's order: (``-settled_at``, ``occurrence_id``)."""
 
 
-def _walk(tx: Tx, job_id: str | None, unknown_only: bool, count: int) -> list[StoredRow] | None:
-    """The first ``count`` in the seed's order from the events walk (the keys), or ``None`` when
-    the seed's sorting query should answer (see the module docstring)."""
-    statement = _range(job_id is not None, unknown_only)
+def _dead_in_range(
+    tx: Tx, params: dict[str, Any], unknown_only: bool, count: int
+) -> tuple[list[Key], int | None]:
+    """The first ``count`` dead letters the events of one range made, still dead-lettered at
+    the event's time, and the range's lower time bound (:func:`_range`). The first events by the
+    seed's key are checked, twice as many each time until ``count`` of them still are (the
+    others were requeued since, or are not outcome-unknown ones) or the range has no more."""
+    candidates = count + PAGE_MARGIN
+    while True:
+        rows = tx.all(_range("job_id" in params), {**params, "candidates": candidates})
+        oldest = next(row.occurred_at for row in rows if row.occurrence_id is None)
+        events = [row for row in rows if row.occurrence_id is not None]
+        ids = list({row.occurrence_id for row in events})
+        found = tx.all(_still_dead(unknown_only), {"ids": ids}) if ids else []
+        settled = {row.occurrence_id: row.settled_at for row in found if row.status == DEAD_LETTER}
+        dead = [
+            (-row.occurred_at, row.occurrence_id)
+            for row in events
+            if settled.get(row.occurrence_id) == row.occurred_at
+        ]
+        if len(dead) >= count or len(events) < candidates:
+            return dead, oldest
+        candidates *= 2
+
+
+def _walk(tx: Tx, job_id: str | None, unknown_only: bool, count: int) -> list[Key] | None:
+    """The first ``count`` in the seed's order from the events walk, or ``None`` when the seed's
+    sorting query should answer (see the module docstring)."""
     by_job = {} if job_id is None else {"job_id": job_id}
     high = (tx.first(_NEWEST_EVENT)[0] or 0) + 1
     span, read, check, bound = count + PAGE_MARGIN, 0, EVENT_SCAN_BUDGET, SORT_BUDGET
-    kept: dict[str, StoredRow] = {}
-    oldest: int | None = None
+    kept: set[Key] = set()
     while True:
         low = max(0, high - span)
-        rows = tx.all(statement, {**by_job, "low": low, "high": high, "span": high - low, "count": count})
-        for row in rows:
-            if row.occurrence_id is None:
-                oldest = row.settled_at
-            else:
-                kept.setdefault(row.occurrence_id, row)
-        first = heapq.nsmallest(count, kept.values(), key=_seed_key)
-        kept = {row.occurrence_id: row for row in first}
-        if len(first) == count and (low == 0 or (oldest is not None and oldest < first[-1].settled_at)):
+        dead, oldest = _dead_in_range(
+            tx, {**by_job, "low": low, "high": high, "span": high - low}, unknown_only, count
+        )
+        first = heapq.nsmallest(count, kept.union(dead))
+        kept = set(first)
+        if len(first) == count and (low == 0 or (oldest is not None and oldest < -first[-1][0])):
             return first
         if low == 0:
             return None
@@ -186,10 +205,9 @@ def newest_dead_letters(
     """
     keys = _walk(tx, job_id, unknown_only, count)
     if keys is not None:
-        rows = {
-            row.occurrence_id: row for row in tx.all(_BY_ID, {"ids": [key.occurrence_id for key in keys]})
-        }
-        return [rows[key.occurrence_id] for key in keys]
+        ids = [occurrence_id for _, occurrence_id in keys]
+        rows = {row.occurrence_id: row for row in tx.all(_BY_ID, {"ids": ids})}
+        return [rows[occurrence_id] for occurrence_id in ids]
     params: dict[str, Any] = {"limit": count}
     if job_id is not None:
         params["job_id"] = job_id

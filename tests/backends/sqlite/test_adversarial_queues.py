@@ -6,7 +6,8 @@ API at a few hundred rows. Every statement of every case must reach ``occurrence
 ``events`` through an index (no ``SCAN`` of either but the covering count of
 ``scheduler_occurrences_job``), and sort only a set bounded before the sort: the eligible jobs'
 rows (``members``), a walk page's claimable entries (``hits``) or a range of dead-lettering
-events (``still_dead``). How much the calls do as the states grow, on both backends:
+events (``dead_lettering``: read by the events primary key with a LIMIT of the range's
+length). How much the calls do as the states grow, on both backends:
 ``tests/conformance/test_no_cliffs.py``. The expired-lease probe reads at most
 ``EXPIRED_PROBE`` + limit leases, yet every expired lease is still reclaimed or swept (at most
 100 per call, as the seed's sweep).
@@ -33,7 +34,7 @@ LEASE = 60_000
 OCCURRENCE_OR_EVENT_SCAN = re.compile(
     r"^SCAN (o|occurrences|w|m|hit_o|events|e)\b(?! USING COVERING INDEX scheduler_occurrences_job)"
 )
-BOUNDED_SORTS = ("members", "hits", "still_dead")
+BOUNDED_SORTS = ("members", "hits", "dead_lettering")
 """The subqueries whose rows a statement may sort: each has a LIMIT or is a page's entries."""
 
 
