@@ -80,6 +80,11 @@ def literal(value: Any) -> str | None:
         return "NULL"
     if kind is bool:
         return "true" if value else "false"
+    if kind is list and all(type(item) is str for item in value):  # a text[] (a claim's job kinds)
+        items = [literal(item) for item in value]
+        if any(item is None for item in items):
+            return None
+        return f"ARRAY[{','.join(items)}]::text[]" if items else "'{}'::text[]"  # type: ignore[arg-type]
     return None
 
 

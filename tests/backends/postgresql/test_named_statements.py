@@ -443,3 +443,34 @@ def test_a_worker_group_is_one_transaction_without_savepoints(pg_engine: Engine,
             assert len(sent) <= 10, sent  # BEGIN with the lock, reads, writes, runtimes, events with COMMIT
     finally:
         engine.dispose()
+
+
+def test_a_cycle_filtered_by_job_kinds_is_one_named_statement(pg_engine: Engine, pg_schema: str) -> None:
+    """A worker claims only the kinds it has handlers for: the kinds are one ``text[]`` value,
+    written as an ``ARRAY[...]`` literal, so the cycle stays a named statement (planned once)
+    instead of being parsed and planned again on every call, and odd kinds filter exactly."""
+    seen: list[tuple[str, Any]] = []
+    engine = create_engine(pg_engine.url, connect_args={"cursor_factory": recording_cursor(seen)})
+    odd = "it's, {a}\"b\\"
+    try:
+        with open_store(engine, schema=pg_schema, clock=lambda: T0) as store:
+            held = warmed(store, count=16)
+            kinds = ["email", "sms"]
+            for _ in range(3):  # the first calls name the statement; the later ones execute it
+                held = cycle(store, held, job_kind=kinds).claimed
+                assert held is not None
+            seen.clear()
+            for _ in range(3):
+                held = cycle(store, held, job_kind=kinds).claimed
+                assert held is not None
+            sent = [sql for sql, _ in seen]
+            assert len(sent) == 3, sent  # BEGIN, the lead, the cycle and COMMIT: one query each
+            assert all(sql.startswith("BEGIN ") and sql.endswith("; COMMIT") for sql in sent), sent
+            assert all("ARRAY['email','sms']::text[]" in sql for sql in sent), sent
+            store.create_job(id="job-odd", kind=odd, authority=AUTHORITY)
+            store.enqueue_occurrence(job_id="job-odd", scheduled_for=T0 - 1, trigger_key="odd")
+            assert store.claim_next(owner_id="w", lease_ms=LEASE, job_kind=["nothing-here"]) is None
+            odd_claim = store.claim_next(owner_id="w", lease_ms=LEASE, job_kind=[odd, "x"])
+            assert odd_claim is not None and odd_claim.job_id == "job-odd"
+    finally:
+        engine.dispose()
