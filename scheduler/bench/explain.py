@@ -30,12 +30,13 @@ def claim_plans(path: Path, now: int, occurrence_id: str) -> dict[str, Any]:
     """Plans of the ``claim_next`` and ``claim_occurrence`` candidate queries (or why not)."""
     try:
         from scheduler.store.capabilities import claim_query
+        from scheduler.store.capabilities.claim_eligibility import NO_FILTER
     except ImportError as error:
-        return {"n/a": f"scheduler.store.capabilities.claim_query cannot be imported ({error})"}
+        return {"n/a": f"the claim statements cannot be imported ({error})"}
     plans: dict[str, Any] = {}
     try:
-        statement = claim_query.claim_next_statement(claim_query.NO_FILTER)
-        params = claim_query.claim_next_params(now, 1, claim_query.NO_FILTER)
+        statement = claim_query.claim_next_statement(NO_FILTER)
+        params = claim_query.claim_next_params(now, 1, NO_FILTER)
         plans["claim_next"] = query_plan(path, statement, params)
         occurrence = claim_query.CLAIM_OCCURRENCE
         plans["claim_occurrence"] = query_plan(path, occurrence, {"now": now, "occurrence_id": occurrence_id})

@@ -32,7 +32,7 @@ from scheduler.backends.postgresql import queries
 from scheduler.backends.postgresql.claim_locks import ClaimContention
 from scheduler.backends.postgresql.cycle_statement import CLAIMED, claim_data_json, event_row
 from scheduler.schema import tables as t
-from scheduler.store.capabilities.claim_query import ClaimFilter
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.occurrence_rows import occurrence_record
 from scheduler.store.plumbing.restart import RestartTransaction, WholeCycleMissed
 from scheduler.store.plumbing.statement_plans import Prepared

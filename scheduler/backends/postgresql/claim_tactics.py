@@ -16,6 +16,7 @@ from typing import Final
 
 from scheduler.backends.postgresql import queries
 from scheduler.backends.postgresql.claim_locks import lock_candidates, locked_head, locked_sweep
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.claim_plan import (
     ClaimContention,
     ClaimPlan,
@@ -25,7 +26,6 @@ from scheduler.store.capabilities.claim_plan import (
 )
 from scheduler.store.capabilities.claim_query import (
     HEAD_WINDOW,
-    ClaimFilter,
     head_probe_params,
     head_probe_prepared,
     head_window_prepared,

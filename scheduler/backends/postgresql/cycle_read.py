@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from scheduler.backends.postgresql import queries
-from scheduler.store.capabilities.claim_query import ClaimFilter
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.settlement import CURRENT_ROWS
 from scheduler.store.plumbing.statement_plans import StoredRow
 from scheduler.store.plumbing.tx import RestartTransaction, Tx

@@ -52,7 +52,7 @@ from scheduler.backends.postgresql.claim_locks import ClaimContention
 from scheduler.backends.postgresql.cycle_read import cycle_parameters
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.authority import LOCK_OCCURRENCE
-from scheduler.store.capabilities.claim_query import ClaimFilter
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.occurrence_rows import occurrence_record
 from scheduler.store.capabilities.settle_request import SettleRequest
 from scheduler.store.plumbing.restart import RestartTransaction, WholeCycleMissed

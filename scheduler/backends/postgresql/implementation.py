@@ -36,8 +36,8 @@ from scheduler.backends.postgresql.server_statements import ServerStatements, co
 from scheduler.schema.target import SchemaTarget
 
 if TYPE_CHECKING:
+    from scheduler.store.capabilities.claim_eligibility import ClaimFilter
     from scheduler.store.capabilities.claim_plan import ClaimContention
-    from scheduler.store.capabilities.claim_query import ClaimFilter
     from scheduler.store.capabilities.claim_writes import Claims
     from scheduler.store.capabilities.settle_request import SettleRequest
     from scheduler.store.plumbing.fastpath import FastPath

@@ -23,8 +23,8 @@ from scheduler.store.capabilities.claim_writes import claim_serially
 from scheduler.store.plumbing.failures import lost_connection
 
 if TYPE_CHECKING:
+    from scheduler.store.capabilities.claim_eligibility import ClaimFilter
     from scheduler.store.capabilities.claim_plan import ClaimContention
-    from scheduler.store.capabilities.claim_query import ClaimFilter
     from scheduler.store.capabilities.claim_writes import Claims
     from scheduler.store.capabilities.settle_request import SettleRequest
     from scheduler.store.plumbing.fastpath import FastPath

@@ -15,19 +15,21 @@ from typing import Any, Final
 
 from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
 from scheduler.store.capabilities import claim_query
-from scheduler.store.capabilities.claim_query import (
+from scheduler.store.capabilities.claim_eligibility import (
     ARM_EXPIRED,
     ARM_QUEUED,
     ARM_RETRY_WAIT,
     ATTEMPT_NEUTRAL_CONTROLS,
-    GROWTH,
-    PAST_TIES,
     PAUSE_REQUESTED,
     PAUSED,
     RESUMED,
-    SWEEP_LIMIT,
     WINDOW_MARKERS,
     ClaimFilter,
+)
+from scheduler.store.capabilities.claim_query import (
+    GROWTH,
+    PAST_TIES,
+    SWEEP_LIMIT,
     beyond_window_params,
     claim_next_params,
     claim_next_prepared,
@@ -96,9 +98,10 @@ class ClaimContention:
 class LockedAsProbed:
     """A probed head (``claim_locks.locked_head``) with the occurrence columns of its row as the
     probe statement locked it (the newest version) and its runtime control, requeue request and
-    job as probed (none, none, eligible: ``claim_query._plain``). A claim of it is written with
-    ``claim_query.PLAIN_CLAIM_GUARD``, which checks those three again after the lock; where they
-    changed, nothing is written and the call runs again (``RestartTransaction``)."""
+    job as probed (none, none, eligible: ``head_plain`` of ``queries.sql``'s ``claim_head``). A claim
+    of it is written with ``claim_eligibility.PLAIN_CLAIM_GUARD``, which checks those three again
+    after the lock; where they changed, nothing is written and the call runs again
+    (``RestartTransaction``)."""
 
     __slots__ = ("_values",)
 
@@ -147,8 +150,9 @@ def keeps_attempt(row: StoredRow) -> bool:
 
 def plain(row: StoredRow) -> bool:
     """A candidate claimable on its row alone: an eligible job, attempts left, no runtime control
-    and no requeue request (what ``claim_query._plain`` tests in SQL; the claim ``UPDATE`` of such
-    a row decided without reading it again re-checks it: ``claim_query.PLAIN_CLAIM_GUARD``)."""
+    and no requeue request (what ``head_plain`` of ``queries.sql``'s ``claim_head`` tests in SQL;
+    the claim ``UPDATE`` of such a row decided without reading it again re-checks it:
+    ``claim_eligibility.PLAIN_CLAIM_GUARD``)."""
     return bool(
         row.job_ok
         and row.control_state is None

@@ -32,14 +32,13 @@ them by the seed's key in Python, so the chosen occurrence is exactly the seed's
   where the seed puts ``scheduled_for`` first). The
   sweep still dead-letters at most 100 per claim, as the seed's.
 
-Every statement is dialect-free Core; each candidate row carries what the claim needs, so a
-backend that must lock a candidate before claiming it can try the candidates one by one.
+Every statement is dialect-free Core; what a claim may take and what each row carries (candidate
+and marker rows) are in :mod:`scheduler.store.capabilities.claim_eligibility`.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -48,7 +47,6 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
-    exists,
     func,
     literal_column,
     null,
@@ -61,9 +59,33 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.sqltypes import NullType
 
-from scheduler.contract.constants import QUEUED, RETRY_WAIT, RUNNING
+from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
-from scheduler.store.plumbing.constructs import correlated_exists, expiry_order, json_text_field
+from scheduler.store.capabilities.claim_eligibility import (
+    ARM_EXPIRED,
+    ARM_TARGET,
+    DUE_ARMS,
+    KEY_COLUMNS,
+    KIND_ANY,
+    PENDING_ADJUDICATION,
+    SHAPES,
+    SWEEPABLE,
+    WINDOW_MARKERS,
+    WITH_CONTROL,
+    ClaimFilter,
+    Shape,
+    attempts_allow,
+    candidate_columns,
+    claimable_rows,
+    eligible_job_ids,
+    expired_actionable,
+    job_filter,
+    marker_row,
+    o,
+    rows_with_control,
+    waiting_control_ok,
+)
+from scheduler.store.plumbing.constructs import expiry_order
 from scheduler.store.plumbing.statement_plans import Prepared
 
 SWEEP_LIMIT: Final = 100
@@ -83,155 +105,14 @@ GROWTH: Final = 4
 EXPIRED_PROBE = SWEEP_LIMIT
 """Expired leases one claim reads, plus its batch limit: room for one full sweep and the claims."""
 
-PAUSE_REQUESTED: Final = "pause_requested"
-PAUSED: Final = "paused"
-RESUMED: Final = "resumed"
-ATTEMPT_NEUTRAL_CONTROLS: Final = (PAUSE_REQUESTED, RESUMED)
-
-ARM_QUEUED: Final = "q"
-ARM_RETRY_WAIT: Final = "r"
-ARM_EXPIRED: Final = "e"
-ARM_TARGET: Final = "t"
-DUE_ARMS: Final = {ARM_QUEUED: QUEUED, ARM_RETRY_WAIT: RETRY_WAIT}
-WINDOW_MARKERS: Final = {"qw": ARM_QUEUED, "rw": ARM_RETRY_WAIT}
-
-o = t.occurrences.alias("o")
-_c = t.occurrence_controls.alias("c")
-_j = t.jobs.alias("j")
-_a = t.adjudications.alias("a")
-_r = t.occurrence_retries.alias("r")
-_r_first = t.occurrence_retries.alias("r_first")
-_r_any = t.occurrence_retries.alias("r_any")
 _w = t.occurrences.alias("w")
 _m = t.occurrences.alias("m")
-
-
-def _pending_retry(alias: Any, row: Any = o) -> ColumnElement[bool]:
-    """An unclaimed requeue request (``alias``) at the occurrence's (``row``'s) current fence."""
-    return and_(
-        alias.c.occurrence_id == row.c.occurrence_id,
-        alias.c.claimed_at.is_(None),
-        alias.c.expected_fence == row.c.fence,
-    )
-
-
-# The request a claim consumes: the first by (created_at, request_id), like the seed's
-# claimOccurrence, computed with two aggregates so no ORDER BY needs a temporary b-tree.
-_FIRST_RETRY_AT = (
-    select(func.min(_r_first.c.created_at))
-    .where(_pending_retry(_r_first))
-    .correlate_except(_r_first)
-    .scalar_subquery()
-)
-RETRY_REQUEST_ID: Final = (
-    select(func.min(_r.c.request_id))
-    .where(_pending_retry(_r), _r.c.created_at == _FIRST_RETRY_AT)
-    .correlate_except(_r)
-    .scalar_subquery()
-)
-PENDING_ADJUDICATION: Final = (
-    select(_a.c.request_id)
-    .where(_a.c.occurrence_id == o.c.occurrence_id, _a.c.status == literal_column("'pending'"))
-    .scalar_subquery()
-)
-_WITH_CONTROL = o.outerjoin(_c, _c.c.occurrence_id == o.c.occurrence_id)
-_STATE = _c.c.state
-
-
-def _attempts_allow(row: Any, control: Any) -> ColumnElement[bool]:
-    """The row (``row``, its control ``control``) has an attempt left, or a control or requeue
-    request that lets it run again."""
-    state = control.c.state
-    pending = exists().where(_pending_retry(_r_any, row))
-    return or_(row.c.attempt < row.c.max_attempts, state == PAUSE_REQUESTED, state == RESUMED, pending)
-
-
-def _waiting_control_ok(control: Any) -> ColumnElement[bool]:
-    """No control, or one that lets a waiting row be claimed (not paused, no pause requested)."""
-    state = control.c.state
-    return or_(state.is_(None), and_(state != PAUSED, state != PAUSE_REQUESTED))
-
-
-_ATTEMPTS_ALLOW = _attempts_allow(o, _c)
-_NOT_PAUSED = or_(_STATE.is_(None), _STATE != PAUSED)
-_WAITING_CONTROL_OK = _waiting_control_ok(_c)
-_SWEEPABLE = and_(
-    o.c.attempt >= o.c.max_attempts,
-    or_(_STATE.is_(None), and_(_STATE != PAUSE_REQUESTED, _STATE != RESUMED)),
-)
-
-# ------------------------------------------------------------------------------------ filters
-
-KIND_ANY: Final = 0
-KIND_ONE: Final = 1
-KIND_SEVERAL: Final = 2
-Shape = tuple[int, bool]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimFilter:
-    """Which jobs' occurrences a claim may take: any of ``kinds`` (``None``: all) in ``workspace_id``."""
-
-    kinds: tuple[str, ...] | None = None
-    workspace_id: str | None = None
-
-    @property
-    def shape(self) -> Shape:
-        """What the statement must test: (KIND_ANY / KIND_ONE / KIND_SEVERAL, a workspace given)."""
-        kinds = self.kinds
-        mode = KIND_ANY if kinds is None else KIND_ONE if len(kinds) == 1 else KIND_SEVERAL
-        return mode, self.workspace_id is not None
-
-    def params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if self.kinds is not None:
-            if len(self.kinds) == 1:
-                params["job_kind"] = self.kinds[0]
-            else:
-                params["job_kinds"] = list(self.kinds)
-        if self.workspace_id is not None:
-            params["workspace_id"] = self.workspace_id
-        return params
-
-
-NO_FILTER: Final = ClaimFilter()
-
-
-def _job_conditions(jobs: Any, shape: Shape) -> list[ColumnElement[bool]]:
-    """An enabled job, optionally of ``:job_kind``/``:job_kinds``, in ``:workspace_id``."""
-    kind_mode, workspace_id = shape
-    conditions: list[ColumnElement[bool]] = [jobs.c.enabled == literal_column("1")]
-    if kind_mode == KIND_ONE:
-        conditions.append(jobs.c.kind == bindparam("job_kind"))
-    elif kind_mode == KIND_SEVERAL:
-        conditions.append(jobs.c.kind.in_(bindparam("job_kinds", expanding=True)))
-    if workspace_id:
-        conditions.append(json_text_field(jobs.c.authority_json, "workspaceId") == bindparam("workspace_id"))
-    return conditions
-
-
-def job_filter(shape: Shape, row: Any = o) -> ColumnElement[bool]:
-    """EXISTS an eligible job (:func:`_job_conditions`) for the row ``row`` (tested row by row)."""
-    return correlated_exists().where(_j.c.job_id == row.c.job_id, *_job_conditions(_j, shape))
-
 
 # ------------------------------------------------------------------------------------ arms
 
 
 _ONE: Final[ColumnElement[int]] = literal_column("1")
 """``LIMIT 1`` written into the SQL (a plain ``.limit(1)`` is sent as a parameter)."""
-
-
-def _columns(arm: str, job_ok: ColumnElement[Any], adjudication: ColumnElement[Any]) -> list[Any]:
-    return [
-        literal_column(f"'{arm}'").label("arm"),
-        *o.c,
-        _c.c.state.label("control_state"),
-        _c.c.expected_fence.label("control_expected_fence"),
-        RETRY_REQUEST_ID.label("retry_request_id"),
-        job_ok.label("job_ok"),
-        adjudication.label("adjudication_request_id"),
-    ]
 
 
 def _count(name: str) -> Any:
@@ -247,11 +128,6 @@ def _count(name: str) -> Any:
 
 def _claim_order(alias: Any) -> list[Any]:
     return [alias.c.available_at, alias.c.lease_expires_at, alias.c.scheduled_for, alias.c.occurrence_id]
-
-
-KEY_COLUMNS: Final = ("available_at", "scheduled_for", "occurrence_id")
-"""A waiting row's place in the seed's order (its ``lease_expires_at`` is always NULL): the key a
-walk of one waiting status continues after (``claim_plan.WalkKey``)."""
 
 
 AFTER: Final = ("after_available_at", "after_scheduled_for", "after_occurrence_id")
@@ -319,34 +195,13 @@ def _last_entry(status: str, start: ColumnElement[bool] | None, size: str) -> Se
     )
 
 
-def _marker(marker: str, last: Select[Any]) -> Select[Any]:
-    """One row when the walk was full: ``arm`` = the marker, the key columns of its last entry,
-    every other column NULL."""
-    end = last.subquery(f"end_{marker}")
-    occurrence = [end.c[column.name] if column.name in KEY_COLUMNS else null() for column in o.c]
-    return select(literal_column(f"'{marker}'").label("arm"), *occurrence, *[null()] * 5).select_from(end)
-
-
-def _claimable_in(entries: Any, arm: str, jobs: ColumnElement[bool]) -> Select[Any]:
-    """The rows of ``entries`` (due index entries) the claim may take, with every column, in no
-    particular order (``claim_plan`` orders them)."""
-    source = entries.join(o, o.c.occurrence_id == entries.c.occurrence_id).outerjoin(
-        _c, _c.c.occurrence_id == o.c.occurrence_id
-    )
-    return (
-        select(*_columns(arm, literal_column("TRUE"), null()))
-        .select_from(source)
-        .where(jobs, _ATTEMPTS_ALLOW, _WAITING_CONTROL_OK)
-    )
-
-
 def _expired(jobs: ColumnElement[bool], actionable: ColumnElement[bool]) -> Select[Any]:
     """Up to ``:expired_limit`` expired leases the call can act on, in index order
     (:class:`~scheduler.store.plumbing.constructs.expiry_order`: lease expiry on PostgreSQL, the claim
     index's order on SQLite)."""
     return (
-        select(*_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION))
-        .select_from(_WITH_CONTROL)
+        select(*candidate_columns(ARM_EXPIRED, jobs, PENDING_ADJUDICATION))
+        .select_from(WITH_CONTROL)
         .where(
             o.c.status == literal_column(f"'{RUNNING}'"), o.c.lease_expires_at <= bindparam("now"), actionable
         )
@@ -362,10 +217,10 @@ def _build_claim_next(shape: Shape) -> CompoundSelect[Any]:
     arms: list[Any] = []
     for arm, status in DUE_ARMS.items():
         window = _entries(status, None, "window_size", f"window_{status}")
-        arms.append(select(_claimable_in(window, arm, jobs).subquery(f"due_{status}")))
-    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
+        arms.append(select(claimable_rows(window, arm, jobs).subquery(f"due_{status}")))
+    expired = _expired(jobs, expired_actionable(jobs))
     markers = [
-        _marker(marker, _last_entry(DUE_ARMS[arm], None, "window_size"))
+        marker_row(marker, _last_entry(DUE_ARMS[arm], None, "window_size"))
         for marker, arm in WINDOW_MARKERS.items()
     ]
     return union_all(*arms, select(expired.subquery("expired")), *markers)
@@ -383,8 +238,8 @@ def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
     due = (o.c.status == literal_column(f"'{DUE_ARMS[arm]}'"), o.c.available_at <= bindparam("now"))
     if heads == 1:
         return (
-            select(*_columns(arm, jobs, null()))
-            .select_from(_WITH_CONTROL)
+            select(*candidate_columns(arm, jobs, null()))
+            .select_from(WITH_CONTROL)
             .where(*due)
             .order_by(*_claim_order(o))
             .limit(_ONE)
@@ -396,11 +251,7 @@ def _due_head(arm: str, jobs: ColumnElement[Any], heads: int) -> Select[Any]:
         .limit(literal_column(str(heads)))
         .subquery(f"first_{DUE_ARMS[arm]}")
     )
-    return select(*_columns(arm, jobs, null())).select_from(
-        first.join(o, o.c.occurrence_id == first.c.occurrence_id).outerjoin(
-            _c, _c.c.occurrence_id == o.c.occurrence_id
-        )
-    )
+    return select(*candidate_columns(arm, jobs, null())).select_from(rows_with_control(first))
 
 
 def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
@@ -409,60 +260,37 @@ def _build_head_probe(shape: Shape, heads: int = 1) -> CompoundSelect[Any]:
     arms: list[Any] = [
         select(_due_head(arm, untyped, heads).subquery(f"head_{status}")) for arm, status in DUE_ARMS.items()
     ]
-    expired = _expired(jobs, or_(_SWEEPABLE, and_(jobs, _ATTEMPTS_ALLOW, _NOT_PAUSED)))
+    expired = _expired(jobs, expired_actionable(jobs))
     return union_all(*arms, select(expired.subquery("expired")))
-
-
-def _plain_claim_guard() -> ColumnElement[bool]:
-    occurrences, controls, retries = t.occurrences, t.occurrence_controls, t.occurrence_retries
-    return and_(
-        ~exists().where(controls.c.occurrence_id == occurrences.c.occurrence_id),
-        ~exists().where(
-            retries.c.occurrence_id == occurrences.c.occurrence_id,
-            retries.c.claimed_at.is_(None),
-            retries.c.expected_fence == occurrences.c.fence,
-        ),
-        exists().where(t.jobs.c.job_id == occurrences.c.job_id, *_job_conditions(t.jobs, (KIND_ANY, False))),
-    )
-
-
-PLAIN_CLAIM_GUARD: Final = _plain_claim_guard()
-"""For an ``UPDATE`` of ``occurrences``: the row still has no runtime control and no requeue
-request at its fence, and its job is enabled, as when it was probed (``head_plain`` of
-``queries.sql``'s ``claim_head``); a claim
-decided on a probed row without reading it again after the lock writes only if this holds."""
 
 
 def _target_arm() -> Select[Any]:
     return (
-        select(*_columns(ARM_TARGET, job_filter((KIND_ANY, False)), null()))
-        .select_from(_WITH_CONTROL)
+        select(*candidate_columns(ARM_TARGET, job_filter((KIND_ANY, False)), null()))
+        .select_from(WITH_CONTROL)
         .where(o.c.occurrence_id == bindparam("occurrence_id"))
     )
 
 
-_SHAPES: Final = [
-    (mode, workspace) for mode in (KIND_ANY, KIND_ONE, KIND_SEVERAL) for workspace in (False, True)
-]
-_CLAIM_NEXT: Final = {shape: _build_claim_next(shape) for shape in _SHAPES}
+_CLAIM_NEXT: Final = {shape: _build_claim_next(shape) for shape in SHAPES}
 # The claim reads see only rows claimable or sweepable at ``now`` (and the rows they lock), so
 # they may run before the writes a call keeps for later (``Tx.write_later``).
 _CLAIM_NEXT_PREPARED: Final = {
     shape: Prepared(statement, passes_kept_writes=True) for shape, statement in _CLAIM_NEXT.items()
 }
 _HEAD_PROBE_PREPARED: Final = {
-    shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in _SHAPES
+    shape: Prepared(_build_head_probe(shape), passes_kept_writes=True) for shape in SHAPES
 }
 _HEAD_WINDOW_PREPARED: Final = {
-    shape: Prepared(_build_head_probe(shape, HEAD_WINDOW), passes_kept_writes=True) for shape in _SHAPES
+    shape: Prepared(_build_head_probe(shape, HEAD_WINDOW), passes_kept_writes=True) for shape in SHAPES
 }
 CLAIM_OCCURRENCE: Final = union_all(
-    select(_expired(job_filter((KIND_ANY, False)), _SWEEPABLE).subquery("expired")), _target_arm()
+    select(_expired(job_filter((KIND_ANY, False)), SWEEPABLE).subquery("expired")), _target_arm()
 )
 CLAIM_OCCURRENCE_PREPARED: Final = Prepared(CLAIM_OCCURRENCE)
 LOCKED_ROWS: Final = Prepared(
-    select(*_columns(ARM_EXPIRED, job_filter((KIND_ANY, False)), PENDING_ADJUDICATION))
-    .select_from(_WITH_CONTROL)
+    select(*candidate_columns(ARM_EXPIRED, job_filter((KIND_ANY, False)), PENDING_ADJUDICATION))
+    .select_from(WITH_CONTROL)
     .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True))),
     passes_kept_writes=True,
 )
@@ -522,11 +350,6 @@ def claim_occurrence_params(now: int, occurrence_id: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ beyond the window
 
 
-def _eligible_job_ids(shape: Shape) -> Select[Any]:
-    jobs = t.jobs.alias("eligible")
-    return select(jobs.c.job_id).where(*_job_conditions(jobs, shape))
-
-
 def beyond_window_params(now: int, after: tuple[int, int, str], claim_filter: ClaimFilter) -> dict[str, Any]:
     """The parameters every beyond-the-window statement takes (each adds its sizes)."""
     params = claim_filter.params()
@@ -545,7 +368,7 @@ def eligible_job_rows_statement(shape: Shape) -> Prepared:
     """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``."""
     rows = (
         select(_m.c.occurrence_id)
-        .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
+        .where(_m.c.job_id.in_(eligible_job_ids(shape)))
         .limit(_count("budget"))
         .subquery("budget")
     )
@@ -565,7 +388,7 @@ def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
     """
     members = (
         select(_m.c.occurrence_id, _m.c.status, _m.c.available_at, _m.c.scheduled_for)
-        .where(_m.c.job_id.in_(_eligible_job_ids(shape)))
+        .where(_m.c.job_id.in_(eligible_job_ids(shape)))
         .limit(_count("budget"))
         .subquery("members")
     )
@@ -586,8 +409,8 @@ def rows_statement(arm: str) -> Prepared:
     """The occurrences ``:p_ids`` as a due arm's rows (every column; ``job_ok`` true: the caller
     read them through the eligible jobs), in no particular order."""
     return Prepared(
-        select(*_columns(arm, literal_column("TRUE"), null()))
-        .select_from(_WITH_CONTROL)
+        select(*candidate_columns(arm, literal_column("TRUE"), null()))
+        .select_from(WITH_CONTROL)
         .where(o.c.occurrence_id.in_(bindparam("p_ids", expanding=True)))
     )
 
@@ -610,22 +433,17 @@ def walk_statement(arm: str, shape: Shape, ties: bool) -> Prepared:
     start = _TIES if ties else _LATER
     page = _entries(status, start, "page", "page")
     hit_o, hit_c = t.occurrences.alias("hit_o"), t.occurrence_controls.alias("hit_c")
-    filters = [job_filter(shape, hit_o), _attempts_allow(hit_o, hit_c), _waiting_control_ok(hit_c)]
+    filters = [job_filter(shape, hit_o), attempts_allow(hit_o, hit_c), waiting_control_ok(hit_c)]
     hits = (
         select(page.c.occurrence_id)
-        .select_from(
-            page.join(hit_o, hit_o.c.occurrence_id == page.c.occurrence_id).outerjoin(
-                hit_c, hit_c.c.occurrence_id == hit_o.c.occurrence_id
-            )
-        )
+        .select_from(rows_with_control(page, hit_o, hit_c))
         .where(*filters)
         .order_by(*_claim_order(page)[1 if ties else 0 :])
         .limit(_count("wanted"))
         .subquery("hits")
     )
-    source = hits.join(o, o.c.occurrence_id == hits.c.occurrence_id).outerjoin(
-        _c, _c.c.occurrence_id == o.c.occurrence_id
+    rows = select(*candidate_columns(arm, literal_column("TRUE"), null())).select_from(
+        rows_with_control(hits)
     )
-    rows = select(*_columns(arm, literal_column("TRUE"), null())).select_from(source)
     marker = next(name for name, marked in WINDOW_MARKERS.items() if marked == arm)
-    return Prepared(union_all(rows, _marker(marker, _last_entry(status, start, "page"))))
+    return Prepared(union_all(rows, marker_row(marker, _last_entry(status, start, "page"))))

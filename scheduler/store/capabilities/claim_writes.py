@@ -16,8 +16,13 @@ from scheduler.contract.canonical import canonical_json
 from scheduler.contract.constants import DEAD_LETTER, MAX_SAFE_INTEGER, RUNNING
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.schema import tables as t
+from scheduler.store.capabilities.claim_eligibility import (
+    PAUSE_REQUESTED,
+    PLAIN_CLAIM_GUARD,
+    RESUMED,
+    ClaimFilter,
+)
 from scheduler.store.capabilities.claim_plan import LockedAsProbed, keeps_attempt, read_plan
-from scheduler.store.capabilities.claim_query import PAUSE_REQUESTED, PLAIN_CLAIM_GUARD, RESUMED, ClaimFilter
 from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record
 from scheduler.store.capabilities.settlement import APPLY_ADJUDICATION, SETTLE_RESERVATION
 from scheduler.store.plumbing.constructs import greatest, row_check

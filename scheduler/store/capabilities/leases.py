@@ -17,12 +17,9 @@ from scheduler.contract.errors import invalid_argument
 from scheduler.contract.scalars import assert_positive_safe_int, is_safe_int
 from scheduler.contract.storable import normalize_key
 from scheduler.store.capabilities.base import StoreBase
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.claim_plan import ClaimContention, ClaimPlan, claimable
-from scheduler.store.capabilities.claim_query import (
-    CLAIM_OCCURRENCE_PREPARED,
-    ClaimFilter,
-    claim_occurrence_params,
-)
+from scheduler.store.capabilities.claim_query import CLAIM_OCCURRENCE_PREPARED, claim_occurrence_params
 from scheduler.store.capabilities.claim_writes import (
     RENEW,
     Claims,

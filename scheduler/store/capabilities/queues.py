@@ -27,7 +27,7 @@ from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import is_safe_int, normalize_epoch_ms
 from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
-from scheduler.store.capabilities.claim_query import ClaimFilter
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.leases import claim_in, normalize_lease_ms
 from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record, with_index
 from scheduler.store.capabilities.occurrences import EnqueueRequest, enqueue_in, enqueue_once_in

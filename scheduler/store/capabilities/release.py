@@ -20,7 +20,7 @@ from scheduler.contract.storable import normalize_key
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.authority import lock_occurrence_row
 from scheduler.store.capabilities.base import StoreBase
-from scheduler.store.capabilities.claim_query import PAUSE_REQUESTED, RESUMED
+from scheduler.store.capabilities.claim_eligibility import PAUSE_REQUESTED, RESUMED
 from scheduler.store.capabilities.occurrence_rows import occurrence_record
 from scheduler.store.capabilities.settlement import lease_lost, live_lease
 from scheduler.store.plumbing.statement_plans import Prepared

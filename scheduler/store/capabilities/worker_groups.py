@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final
 from scheduler.contract.errors import SchedulerKernelError, invalid_argument
 from scheduler.contract.scalars import is_safe_int
 from scheduler.contract.storable import normalize_key
-from scheduler.store.capabilities.claim_query import ClaimFilter
+from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.leases import (
     claim_in,
     normalize_claim_batch_limit,

@@ -32,6 +32,7 @@ from scheduler.backends.postgresql import claim_locks, claim_statement, queries
 from scheduler.backends.postgresql.claim_tactics import CONTENDED_EXTRA
 from scheduler.bench.pg_depth import explain, fill_queue, plan_nodes
 from scheduler.store.capabilities import claim_query
+from scheduler.store.capabilities.claim_eligibility import NO_FILTER, ClaimFilter
 from scheduler.testing import dump_tables
 
 T = TypeVar("T")
@@ -386,9 +387,9 @@ def test_no_claim_statement_scans_the_occurrences_table(
     keys = [("occ_bulk_deep_000000001", 0, "queued"), ("occ_bulk_deep_000000002", 0, "queued")]
     ids = [key[0] for key in keys]
     statements = {
-        "claim_next": (claim_query.claim_next_statement(claim_query.NO_FILTER), None),
+        "claim_next": (claim_query.claim_next_statement(NO_FILTER), None),
         "claim_next(job_kind)": (
-            claim_query.claim_next_statement(claim_query.ClaimFilter(("agenda",))),
+            claim_query.claim_next_statement(ClaimFilter(("agenda",))),
             None,
         ),
         "claim_occurrence": (
@@ -406,7 +407,7 @@ def test_no_claim_statement_scans_the_occurrences_table(
     with pg_engine.connect() as connection:
         for name, (statement, params) in statements.items():
             if params is None:
-                kinds = claim_query.ClaimFilter(("agenda",)) if "job_kind" in name else claim_query.NO_FILTER
+                kinds = ClaimFilter(("agenda",)) if "job_kind" in name else NO_FILTER
                 params = claim_query.claim_next_params(now, 1 + CONTENDED_EXTRA, kinds)
             nodes = [
                 node
@@ -497,10 +498,10 @@ def test_a_claim_takes_the_first_free_candidate_with_one_lock_statement(
     names = {
         id(claim_locks.LOCK_CANDIDATES): "lock",
         id(claim_locks.LOCK_CANDIDATE_ROWS): "lock",
-        id(claim_query.head_probe_prepared(claim_query.NO_FILTER)): "head",
+        id(claim_query.head_probe_prepared(NO_FILTER)): "head",
         id(queries.CLAIM_HEAD): "head+lock",
-        id(claim_query.claim_next_prepared(claim_query.NO_FILTER)): "list",
-        id(claim_query.head_window_prepared(claim_query.NO_FILTER)): "window",
+        id(claim_query.claim_next_prepared(NO_FILTER)): "list",
+        id(claim_query.head_window_prepared(NO_FILTER)): "window",
     }
 
     def all_(tx: Any, statement: Any, parameters: Any = None) -> Any:
