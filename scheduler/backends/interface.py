@@ -300,6 +300,14 @@ class Backend(Protocol):
         (:mod:`scheduler.store.plumbing.write_batch`); else each runs when it is asked for."""
         ...
 
+    @property
+    def multi_row_inserts(self) -> bool:
+        """Whether a batch of rows (``enqueue_many``'s occurrences, many events) is written as
+        multi-row ``INSERT … VALUES`` statements (:mod:`scheduler.store.plumbing.row_inserts`: one
+        executor run for many rows, and the occurrences inserted first, returning the identities
+        they took) or row by row with ``executemany`` (one prepared statement stepped per row)."""
+        ...
+
     def claim(
         self,
         tx: Tx,

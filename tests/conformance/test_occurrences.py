@@ -365,3 +365,37 @@ def test_enqueue_many_equals_successive_enqueues(place: StorePlace) -> None:
             assert batch.dump()["tables"] == single.dump()["tables"]
 
     batch_equals_successive()
+
+
+@pytest.mark.parametrize("size", [150, 85])
+def test_a_large_batch_equals_successive_enqueues(place: StorePlace, size: int) -> None:
+    """Batches long enough to be written in multi-row chunks of every size (64, 16, 4, 1 rows
+    where the backend writes them so): new identities, identities stored before the call, the
+    same identity twice in the batch, in a shuffled order; then the same batch with one
+    payload mismatch near its end, which leaves nothing written."""
+    import random
+
+    shuffle = random.Random(size).shuffle
+    requests: list[dict[str, Any]] = [
+        {"job_id": "agenda-a", "scheduled_for": T0 + n % 7, "trigger_key": f"k{n}", "payload": {"n": n}}
+        for n in range(size)
+    ]
+    requests += [dict(requests[n]) for n in range(0, size, 9)]  # repeated within the batch
+    shuffle(requests)
+    with env_at(place.sibling("batch")) as batch, env_at(place.sibling("single")) as single:
+        for environment in (batch, single):
+            environment.job("agenda-a")
+            for n in range(0, size, 5):  # stored before the call
+                environment.enqueue("agenda-a", f"k{n}", scheduled_for=T0 + n % 7, payload={"n": n})
+            environment.tick()
+        got = outcome_of(lambda: batch.store.enqueue_many(requests))
+        with single.store.transaction() as tx:
+            expected = [tx.enqueue_occurrence(**request).to_dict() for request in requests]
+        assert got == expected
+        assert sum(1 for item in got if not item["deduplicated"]) == size - len(range(0, size, 5))
+        assert batch.dump()["tables"] == single.dump()["tables"]
+        before = batch.dump()
+        spoiled = [*requests[:-1], {**requests[-1], "payload": "other"}]
+        error = expect_error("SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH", lambda: batch.store.enqueue_many(spoiled))
+        assert error.details is not None and error.details["index"] == len(requests) - 1
+        assert batch.dump() == before

@@ -61,6 +61,7 @@ class PostgreSQLBackend:
     reruns_owned_writes: Final = True
     lazy_read_begin: Final = None
     combines_writes: Final = True
+    multi_row_inserts: Final = True
     fast_path_driver: Final = ("psycopg", "pyformat")
     names_statements: Final = True
     statement_options: Final = _KEEP_ROWCOUNT

@@ -26,6 +26,7 @@ from scheduler.store.capabilities.occurrence_rows import (
     with_index,
 )
 from scheduler.store.plumbing.constructs import insert_ignoring_conflict
+from scheduler.store.plumbing.row_inserts import chunked, rows_insert, rows_parameters
 from scheduler.store.plumbing.rows import data_corrupt, map_job
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.tx import Tx
@@ -237,8 +238,39 @@ def enqueue_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     return occurrence_record(existing, deduplicated=True)
 
 
+OCCURRENCE_COLUMNS: Final = tuple(column.name for column in _o.c)
+
+
+def _insert_new(tx: Tx, rows: list[dict[str, Any]]) -> set[str]:
+    """Insert ``rows`` (distinct identities) but those whose identity is stored already; the
+    identities inserted."""
+    parts, _ = chunked(rows)
+    inserted: set[str] = set()
+    for chunk in parts:
+        statement = rows_insert(_o, OCCURRENCE_COLUMNS, len(chunk), skip_conflicts_on="idempotency_key")
+        inserted.update(row[0] for row in tx.all(statement, rows_parameters(OCCURRENCE_COLUMNS, chunk)))
+    return inserted
+
+
+def _stored(tx: Tx, keys: list[str]) -> dict[str, Mapping[Any, Any]]:
+    """The stored rows of the identities ``keys``, by identity."""
+    return {
+        row.idempotency_key: row._mapping
+        for chunk in chunks(keys)
+        for row in tx.all(_BY_KEYS, {"keys": list(chunk)})
+    }
+
+
 def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurrence]:
-    """``enqueue_in`` for each request in order: one lookup of existing identities, one insert."""
+    """``enqueue_in`` for each request in order, all or nothing.
+
+    Where the backend writes multi-row inserts, the rows of the requests before the first that
+    cannot be planned (each identity once) are inserted first, skipping identities already
+    stored, and only those are read back; elsewhere the identities are read first and the new
+    rows inserted at the end. Every item is judged in order either way, so the error raised is
+    the first item's, as if each were enqueued in turn (a failure rolls back any insert with
+    the transaction).
+    """
     tx.lock_keys(ENQUEUE_LOCKS, map(_identity_lock, requests))
     jobs = _JobCache()
     planned: list[_Planned] = []
@@ -247,33 +279,41 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
             planned.append(_Planned(request, _plan(tx, request, jobs), None))
         except SchedulerKernelError as error:  # raised when its turn comes, after earlier items
             planned.append(_Planned(request, None, error))
-    keys = list(dict.fromkeys(item.values["idempotency_key"] for item in planned if item.values))
-    stored: dict[str, Mapping[Any, Any]] = {
-        row.idempotency_key: row._mapping
-        for chunk in chunks(keys)
-        for row in tx.all(_BY_KEYS, {"keys": list(chunk)})
-    }
+            break  # no later item is reached
+    firsts: dict[str, dict[str, Any]] = {}
+    for item in planned:
+        if item.values is not None:
+            firsts.setdefault(item.values["idempotency_key"], item.values)
+    later: list[dict[str, Any]] = []
+    if tx.backend.multi_row_inserts:
+        inserted = _insert_new(tx, list(firsts.values()))
+        stored = _stored(tx, [key for key in firsts if key not in inserted])
+    else:  # read first, insert once every item is judged
+        stored = _stored(tx, list(firsts))
+        later = [values for key, values in firsts.items() if key not in stored]
+        inserted = {values["idempotency_key"] for values in later}
     events = EventLog(tx)
-    inserts: list[dict[str, Any]] = []
     results: list[Occurrence] = []
     for index, item in enumerate(planned):
         try:
             if item.values is None:
                 assert item.error is not None
                 raise item.error
-            existing = stored.get(item.values["idempotency_key"])
+            key = item.values["idempotency_key"]
+            existing = stored.get(key)
+            if existing is None and key not in inserted:
+                raise data_corrupt("Occurrence idempotency identity does not match stored data")
             if existing is not None:
                 _check_existing(existing, item.values)
                 results.append(occurrence_record(existing, deduplicated=True))
                 continue
-            stored[item.values["idempotency_key"]] = item.values
-            inserts.append(item.values)
+            stored[key] = item.values  # a later item of the same identity is deduplicated
             _enqueued(events, item.values)
             results.append(occurrence_record(item.values, deduplicated=False))
         except SchedulerKernelError as error:
             with_index(error, index)
             raise
-    if inserts and tx.changes(_INSERT, inserts) != len(inserts):
+    if later and tx.changes(_INSERT, later) != len(later):
         raise data_corrupt("Occurrence idempotency identity does not match stored data")
     events.flush(tx)
     return results

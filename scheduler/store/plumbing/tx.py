@@ -24,6 +24,7 @@ from scheduler.schema import tables as t
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.restart import RestartTransaction as RestartTransaction  # re-exported
 from scheduler.store.plumbing.restart import WholeCycleMissed as WholeCycleMissed  # re-exported
+from scheduler.store.plumbing.row_inserts import chunked
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.write_batch import (
     MULTI_ROW_EVENTS,
@@ -66,6 +67,8 @@ def read_clock(clock: Clock) -> int:
 
 EVENT_INSERT: Final = Prepared(insert(t.events))
 """One ``events`` row (the columns ``append_event`` and ``EventLog`` write)."""
+EVENT_CHUNKS: Final = (64, 16)
+"""Row counts of the multi-row ``INSERT``s of many events (fewer rows go with ``executemany``)."""
 
 
 class PendingWrites(Protocol):
@@ -312,12 +315,24 @@ class Tx:
             if count != write.expected:
                 raise write.conflict()
         if rest:
-            rows = rest[0] if len(rest) == 1 else rest
-            fast = self._fast
-            # the COMMIT goes with the events where they are named statements
-            if commit and fast is not None and fast.run(self._conn, EVENT_INSERT, rows, commit=True):
-                return
-            self.changes(EVENT_INSERT, rows)
+            self._insert_events(rest, commit)
+
+    def _insert_events(self, rows: list[dict[str, Any]], commit: bool) -> None:
+        """Many event rows as multi-row ``INSERT``s of :data:`EVENT_CHUNKS` rows, the rest in one
+        ``executemany`` (the ``COMMIT`` goes with the last statement where it is a named one)."""
+        chunks, left = chunked(rows, EVENT_CHUNKS) if self.backend.multi_row_inserts else ([], rows)
+        parts: list[tuple[Prepared, Any]] = [
+            (event_rows_insert(len(chunk)), event_rows_parameters(chunk)) for chunk in chunks
+        ]
+        if left:
+            parts.append((EVENT_INSERT, left[0] if len(left) == 1 else list(left)))
+        *before, (statement, parameters) = parts
+        for earlier, values in before:
+            self.changes(earlier, values)
+        fast = self._fast
+        if commit and fast is not None and fast.run(self._conn, statement, parameters, commit=True):
+            return
+        self.changes(statement, parameters)
 
     def _flush_and_commit(self, kept: list[KeptWrite], parts: list[tuple[Prepared, dict[str, Any]]]) -> None:
         statement = combined(tuple(part for part, _ in parts), checked=len(kept))

@@ -28,11 +28,12 @@ import functools
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, Integer, and_, bindparam, case, cast, func, insert, literal_column, select
+from sqlalchemy import BigInteger, Integer, and_, bindparam, case, cast, func, literal_column, select
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from scheduler.schema import tables as t
+from scheduler.store.plumbing.row_inserts import rows_insert, rows_parameters
 from scheduler.store.plumbing.statement_plans import STATEMENTS_LOCK, Prepared
 
 KEPT_WRITES_CHANGED: Final = "scheduler:kept-writes-changed"
@@ -53,20 +54,16 @@ MULTI_ROW_EVENTS: Final = 4
 """Up to this many events are written with one multi-row ``INSERT … VALUES``; more with ``executemany``."""
 
 
-@functools.cache
 def event_rows_insert(count: int) -> Prepared:
     """``INSERT INTO events … VALUES (…), (…)`` of ``count`` rows, parameters ``<column>_<row>``
     (:func:`event_rows_parameters`; event ids are assigned in row order, as ``executemany`` assigns
     them)."""
-    rows: list[dict[str, Any]] = [
-        {name: bindparam(f"{name}_{row}") for name in EVENT_COLUMNS} for row in range(count)
-    ]
-    return Prepared(insert(t.events).values(rows))
+    return rows_insert(t.events, EVENT_COLUMNS, count)
 
 
 def event_rows_parameters(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The parameters of :func:`event_rows_insert` for ``rows``."""
-    return {f"{name}_{index}": row[name] for index, row in enumerate(rows) for name in EVENT_COLUMNS}
+    return rows_parameters(EVENT_COLUMNS, rows)
 
 
 def _with_prefixed_binds(statement: Any, prefix: str) -> Any:
