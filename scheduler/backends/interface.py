@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy import Connection, Table
 from sqlalchemy.engine import URL
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, Select
 
 if TYPE_CHECKING:
     from scheduler.schema.target import SchemaTarget
@@ -195,6 +195,14 @@ class Backend(Protocol):
 
     def text_values_parameter(self, values: list[str]) -> Any:
         """How a list of texts is bound for :meth:`text_values`."""
+        ...
+
+    def rows_of_jobs(
+        self, occurrences: Any, job_ids: Select[Any], columns: Sequence[str], limit: Any
+    ) -> Select[Any]:
+        """``columns`` of the ``occurrences`` (an alias) of the jobs ``job_ids`` (a one-column
+        select of job ids), at most ``limit`` rows in no particular order, each job's read
+        through ``scheduler_occurrences_job`` whatever the statistics say of it."""
         ...
 
     # ------------------------------------------------------------- transactions and statements

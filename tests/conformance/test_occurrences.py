@@ -396,6 +396,7 @@ def test_a_large_batch_equals_successive_enqueues(place: StorePlace, size: int) 
         assert batch.dump()["tables"] == single.dump()["tables"]
         before = batch.dump()
         spoiled = [*requests[:-1], {**requests[-1], "payload": "other"}]
-        error = expect_error("SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH", lambda: batch.store.enqueue_many(spoiled))
+        mismatch = "SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH"
+        error = expect_error(mismatch, lambda: batch.store.enqueue_many(spoiled))
         assert error.details is not None and error.details["index"] == len(requests) - 1
         assert batch.dump() == before

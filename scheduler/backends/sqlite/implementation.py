@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, bindparam, func
+from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, bindparam, func, select
 from sqlalchemy.engine import URL
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, Select
 
 from scheduler.backends.interface import Backend, CycleRead, EnqueueCall, NamedStatements, SettleTactic
 from scheduler.backends.sqlite import backend as sqlite
@@ -68,6 +68,16 @@ class SQLiteBackend:
 
     def text_values_parameter(self, values: list[str]) -> Any:
         return json.dumps(values)
+
+    def rows_of_jobs(
+        self, occurrences: Any, job_ids: Select[Any], columns: Sequence[str], limit: Any
+    ) -> Select[Any]:
+        """``job_id IN (…)`` in ``scheduler_occurrences_job``'s order: SQLite looks each job up in
+        that index. Unordered, after ``ANALYZE`` it scanned the table for the few rows of one
+        job among 100,000 of another."""
+        rows = select(*(occurrences.c[name] for name in columns)).where(occurrences.c.job_id.in_(job_ids))
+        order = (occurrences.c.job_id, occurrences.c.created_at, occurrences.c.occurrence_id)
+        return rows.order_by(*order).limit(limit)
 
     def begin(
         self, conn: Connection, *, write: bool, fast: FastPath | None, one_statement: bool = False

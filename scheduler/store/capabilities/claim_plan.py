@@ -401,7 +401,8 @@ def due_rows_beyond_window(
     budget, page = claim_query.JOB_PROBE_BUDGET, claim_query.WALK_PAGE
     while True:
         params = beyond_window_params(tx.now, after, claim_filter)
-        counted = tx.first(eligible_job_rows_statement(shape), {**params, "budget": budget + 1})[0]
+        counting = eligible_job_rows_statement(tx.backend.name, shape)
+        counted = tx.first(counting, {**params, "budget": budget + 1})[0]
         if counted <= budget:
             return found + _through_eligible_jobs(tx, arm, after, limit - len(found), claim_filter, budget)
         hits, end = _walk_page(tx, arm, after, page, limit - len(found), claim_filter)
@@ -440,7 +441,8 @@ def _through_eligible_jobs(
     while True:
         params = beyond_window_params(tx.now, after, claim_filter)
         params.update(budget=budget + 1, wanted=size)
-        ids = [row.occurrence_id for row in tx.all(eligible_jobs_statement(arm, claim_filter.shape), params)]
+        members = eligible_jobs_statement(tx.backend.name, arm, claim_filter.shape)
+        ids = [row.occurrence_id for row in tx.all(members, params)]
         rows = sorted(tx.all(rows_statement(arm), {"p_ids": ids}), key=sort_key) if ids else []
         found.extend(row for row in rows if claimable(row, tx.now))
         if len(found) >= wanted or len(ids) < size:

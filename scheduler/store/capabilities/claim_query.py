@@ -59,6 +59,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.sqltypes import NullType
 
+from scheduler.backends import backend_named
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.claim_eligibility import (
@@ -364,19 +365,17 @@ def page_params(entries: int, wanted: int) -> dict[str, int]:
 
 
 @functools.cache
-def eligible_job_rows_statement(shape: Shape) -> Prepared:
-    """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``."""
-    rows = (
-        select(_m.c.occurrence_id)
-        .where(_m.c.job_id.in_(eligible_job_ids(shape)))
-        .limit(_count("budget"))
-        .subquery("budget")
-    )
+def eligible_job_rows_statement(backend: str, shape: Shape) -> Prepared:
+    """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``, on
+    the backend named ``backend`` (``Backend.rows_of_jobs``)."""
+    jobs = eligible_job_ids(shape)
+    job_rows = backend_named(backend).rows_of_jobs(_m, jobs, ("occurrence_id",), _count("budget"))
+    rows = job_rows.subquery("budget")
     return Prepared(select(func.count()).select_from(rows))
 
 
 @functools.cache
-def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
+def eligible_jobs_statement(backend: str, arm: str, shape: Shape) -> Prepared:
     """The ids of the first ``:wanted`` due rows of a waiting status after the bound key among the
     eligible jobs' occurrences (at most ``:budget``, all of them: ``eligible_job_rows_statement``
     counted fewer), in the seed's order; :func:`rows_statement` reads their columns.
@@ -386,12 +385,9 @@ def eligible_jobs_statement(arm: str, shape: Shape) -> Prepared:
     that must sort is costed as if sorts were disabled on PostgreSQL's store connection, which
     would leave every other choice in the same statement to chance).
     """
-    members = (
-        select(_m.c.occurrence_id, _m.c.status, _m.c.available_at, _m.c.scheduled_for)
-        .where(_m.c.job_id.in_(eligible_job_ids(shape)))
-        .limit(_count("budget"))
-        .subquery("members")
-    )
+    columns = ("occurrence_id", "status", "available_at", "scheduled_for")
+    job_rows = backend_named(backend).rows_of_jobs(_m, eligible_job_ids(shape), columns, _count("budget"))
+    members = job_rows.subquery("members")
     return Prepared(
         select(members.c.occurrence_id)
         .where(
