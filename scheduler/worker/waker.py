@@ -84,8 +84,12 @@ class IdleBackoff:
         self._next_ms = self.min_ms
 
 
-_LISTEN_POLL_S: Final = 0.5
-"""How long the listener waits for a notification before it checks whether it should stop."""
+_LISTEN_POLL_S: Final = 0.05
+"""How long the listener waits for a notification before it checks whether it should stop: what
+``close()``, hence a worker's shutdown, waits for at most. A wait that ends empty reads the
+socket, not the server, so an idle listener costs 20 wake-ups a second."""
+_CLOSE_WAIT_S: Final = 2.0
+"""How long ``close()`` waits for the listener to close its connection."""
 _RECONNECT_MAX_S: Final = 30.0
 
 
@@ -97,7 +101,7 @@ class ListenWaker:
     notification wakes every waiting lane. A broken connection is reopened with a capped backoff
     (the lanes are woken too, since notifications may have been missed); the lanes' polling
     covers the gap. :meth:`close` stops the thread and closes the connection (within about
-    0.5 s). ``Worker`` uses one by default on PostgreSQL and starts and closes it in ``run()``.
+    50 ms). ``Worker`` uses one by default on PostgreSQL and starts and closes it in ``run()``.
     ``channels``: listen on these instead (e.g. the settle channel too, for result waiters).
     """
 
@@ -144,7 +148,7 @@ class ListenWaker:
         self._stopping.set()
         thread = self._thread
         if thread is not None:
-            thread.join(timeout=_LISTEN_POLL_S * 4)
+            thread.join(timeout=_CLOSE_WAIT_S)
         self._thread = None
 
     def _listen_forever(self) -> None:
