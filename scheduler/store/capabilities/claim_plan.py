@@ -401,7 +401,7 @@ def due_rows_beyond_window(
     budget, page = claim_query.JOB_PROBE_BUDGET, claim_query.WALK_PAGE
     while True:
         params = beyond_window_params(tx.now, after, claim_filter)
-        counting = eligible_job_rows_statement(tx.backend.name, shape)
+        counting = eligible_job_rows_statement(tx.backend, shape)
         counted = tx.first(counting, {**params, "budget": budget + 1})[0]
         if counted <= budget:
             return found + _through_eligible_jobs(tx, arm, after, limit - len(found), claim_filter, budget)
@@ -441,7 +441,7 @@ def _through_eligible_jobs(
     while True:
         params = beyond_window_params(tx.now, after, claim_filter)
         params.update(budget=budget + 1, wanted=size)
-        members = eligible_jobs_statement(tx.backend.name, arm, claim_filter.shape)
+        members = eligible_jobs_statement(tx.backend, arm, claim_filter.shape)
         ids = [row.occurrence_id for row in tx.all(members, params)]
         rows = sorted(tx.all(rows_statement(arm), {"p_ids": ids}), key=sort_key) if ids else []
         found.extend(row for row in rows if claimable(row, tx.now))

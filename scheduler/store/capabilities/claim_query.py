@@ -39,7 +39,7 @@ and marker rows) are in :mod:`scheduler.store.capabilities.claim_eligibility`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import (
     CompoundSelect,
@@ -59,7 +59,6 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.sqltypes import NullType
 
-from scheduler.backends import backend_named
 from scheduler.contract.constants import RUNNING
 from scheduler.schema import tables as t
 from scheduler.store.capabilities.claim_eligibility import (
@@ -88,6 +87,9 @@ from scheduler.store.capabilities.claim_eligibility import (
 )
 from scheduler.store.plumbing.constructs import expiry_order
 from scheduler.store.plumbing.statement_plans import Prepared
+
+if TYPE_CHECKING:
+    from scheduler.backends.interface import Backend
 
 SWEEP_LIMIT: Final = 100
 # The bounds are read when a claim runs (tests shrink them to exercise every path on small states).
@@ -364,18 +366,22 @@ def page_params(entries: int, wanted: int) -> dict[str, int]:
     return {**_size("page", entries), "wanted": wanted}
 
 
-@functools.cache
-def eligible_job_rows_statement(backend: str, shape: Shape) -> Prepared:
-    """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``, on
-    the backend named ``backend`` (``Backend.rows_of_jobs``)."""
-    jobs = eligible_job_ids(shape)
-    job_rows = backend_named(backend).rows_of_jobs(_m, jobs, ("occurrence_id",), _count("budget"))
-    rows = job_rows.subquery("budget")
-    return Prepared(select(func.count()).select_from(rows))
+_BY_BACKEND: dict[tuple[str, ...], Prepared] = {}
+"""The statements that read through ``Backend.rows_of_jobs``, per backend name and shape."""
 
 
-@functools.cache
-def eligible_jobs_statement(backend: str, arm: str, shape: Shape) -> Prepared:
+def eligible_job_rows_statement(backend: Backend, shape: Shape) -> Prepared:
+    """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``."""
+    key = ("count", backend.name, *map(str, shape))
+    found = _BY_BACKEND.get(key)
+    if found is None:
+        jobs = eligible_job_ids(shape)
+        rows = backend.rows_of_jobs(_m, jobs, ("occurrence_id",), _count("budget")).subquery("budget")
+        found = _BY_BACKEND[key] = Prepared(select(func.count()).select_from(rows))
+    return found
+
+
+def eligible_jobs_statement(backend: Backend, arm: str, shape: Shape) -> Prepared:
     """The ids of the first ``:wanted`` due rows of a waiting status after the bound key among the
     eligible jobs' occurrences (at most ``:budget``, all of them: ``eligible_job_rows_statement``
     counted fewer), in the seed's order; :func:`rows_statement` reads their columns.
@@ -385,10 +391,14 @@ def eligible_jobs_statement(backend: str, arm: str, shape: Shape) -> Prepared:
     that must sort is costed as if sorts were disabled on PostgreSQL's store connection, which
     would leave every other choice in the same statement to chance).
     """
+    key = ("members", backend.name, arm, *map(str, shape))
+    found = _BY_BACKEND.get(key)
+    if found is not None:
+        return found
     columns = ("occurrence_id", "status", "available_at", "scheduled_for")
-    job_rows = backend_named(backend).rows_of_jobs(_m, eligible_job_ids(shape), columns, _count("budget"))
+    job_rows = backend.rows_of_jobs(_m, eligible_job_ids(shape), columns, _count("budget"))
     members = job_rows.subquery("members")
-    return Prepared(
+    found = _BY_BACKEND[key] = Prepared(
         select(members.c.occurrence_id)
         .where(
             members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
@@ -398,6 +408,7 @@ def eligible_jobs_statement(backend: str, arm: str, shape: Shape) -> Prepared:
         .order_by(members.c.available_at, members.c.scheduled_for, members.c.occurrence_id)
         .limit(_count("wanted"))
     )
+    return found
 
 
 @functools.cache
