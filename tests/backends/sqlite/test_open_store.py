@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import sqlite3
@@ -15,7 +14,6 @@ from recorded import T0, UPGRADE_NOW, copy_reference, reference_dump
 from sqlalchemy import create_engine
 
 from scheduler import SchedulerKernelError, open_store
-from scheduler.aio import open_async_store
 from scheduler.schema import SCHEMA_V6_FINGERPRINT, schema_fingerprint
 from scheduler.store.opening import default_database_path
 
@@ -260,20 +258,6 @@ def test_default_path_honours_scheduler_home(tmp_path: Path, monkeypatch: pytest
     monkeypatch.delenv("SCHEDULER_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     assert default_database_path() == (tmp_path / "user" / ".scheduler" / "kernel-v1.sqlite").resolve()
-
-
-def test_the_async_store_opens_a_memory_database_and_the_default_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SCHEDULER_HOME", str(tmp_path / "home"))
-
-    async def body() -> None:
-        for target in (":memory:", None):
-            async with await open_async_store(target, clock=lambda: T0) as store:
-                assert (await store.schema_info()).schema_version == 6
-
-    asyncio.run(body())
-    assert (tmp_path / "home" / "kernel-v1.sqlite").exists()
 
 
 def test_symlinked_database_directory_is_insecure(tmp_path: Path) -> None:
