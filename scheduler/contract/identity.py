@@ -29,7 +29,10 @@ class OccurrenceIdentity:
 def identity_digest_parts(job_id: str, scheduled_for: int, trigger_key: str) -> tuple[bytes, bytes]:
     """The bytes :func:`derive_occurrence_identity` takes the digest of, before and after the job
     revision's decimal digits, for values it validated (a statement that reads the revision
-    hashes them itself: ``scheduler/backends/postgresql/queries.sql``, ``enqueue``)."""
+    hashes them itself: ``scheduler/backends/postgresql/queries.sql``, ``enqueue``).
+
+    The keys are already in canonical order and every value is a safe int or a short string, so
+    the canonical text is assembled directly (same bytes as canonical_json of the object)."""
     head = f'{{"contractVersion":{CONTRACT_VERSION},"jobId":{json_string(job_id)},"jobRevision":'
     tail = f',"scheduledFor":{scheduled_for},"triggerKey":{json_string(trigger_key)}}}'
     return _DOMAIN + head.encode("utf-8"), tail.encode("utf-8")
@@ -49,12 +52,6 @@ def derive_occurrence_identity(
         raise invalid_argument("jobRevision must be a positive integer")
     normalized_scheduled_for = normalize_epoch_ms(scheduled_for, "scheduledFor")
     normalized_trigger_key = normalize_identifier(trigger_key, "triggerKey")
-    # The keys are already in canonical order and every value is a safe int or a short string,
-    # so the canonical text is assembled directly (same bytes as canonical_json of the object).
-    material = (
-        f'{{"contractVersion":{CONTRACT_VERSION},"jobId":{json_string(normalized_job_id)},'
-        f'"jobRevision":{int(job_revision)},"scheduledFor":{normalized_scheduled_for},'
-        f'"triggerKey":{json_string(normalized_trigger_key)}}}'
-    )
-    digest = hashlib.sha256(_DOMAIN + material.encode("utf-8")).hexdigest()
+    head, tail = identity_digest_parts(normalized_job_id, normalized_scheduled_for, normalized_trigger_key)
+    digest = hashlib.sha256(head + str(int(job_revision)).encode("ascii") + tail).hexdigest()
     return OccurrenceIdentity(occurrence_id=f"occ_{digest}", idempotency_key=f"scheduler:v1:{digest}")
