@@ -165,6 +165,8 @@ occurrences = Table(
     Index("scheduler_occurrences_job", "job_id", "created_at", "occurrence_id"),
     info=_since(1),
 )
+OCCURRENCE_COLUMNS: Final = tuple(column.name for column in occurrences.c)
+"""``occurrences``' column names in table order (rows read by position, rows written as values)."""
 
 events = Table(
     "events",

@@ -40,8 +40,6 @@ from scheduler.store.plumbing.telemetry import records_event
 from scheduler.store.plumbing.tx import Tx
 from scheduler.store.records import Occurrence
 
-_NAMES: Final = tuple(column.name for column in t.occurrences.c)
-
 
 class PendingClaim:
     """A quiet ``claim_next`` left whole to the call's writes statement (``Tx.pick_later``);
@@ -96,7 +94,7 @@ class PendingClaim:
             tx.adopt_clock(row.server_now)
         if row.c_occurrence_id is None:
             return  # nothing was due
-        values = {name: getattr(row, "c_" + name) for name in _NAMES}
+        values = {name: getattr(row, "c_" + name) for name in t.OCCURRENCE_COLUMNS}
         claim_data = claim_data_json(values["attempt"], row.c_previous_status)
         self.events.append(event_row(values, CLAIMED, tx.now, self._owner, claim_data))
         self.result = [occurrence_record(values)]

@@ -63,7 +63,6 @@ from scheduler.store.records import Occurrence, SettledAndClaimed
 
 SETTLED: Final = "occurrence_succeeded"
 CLAIMED: Final = "occurrence_claimed"
-_NAMES: Final = tuple(column.name for column in t.occurrences.c)
 
 
 def settled_data_json(attempt: int, max_attempts: int) -> str:
@@ -153,7 +152,7 @@ class PendingCycle:
         if tx.clock_unread:
             tx.adopt_clock(row.server_now)
         now = tx.now
-        settled = {name: getattr(row, "s_" + name) for name in _NAMES}
+        settled = {name: getattr(row, "s_" + name) for name in t.OCCURRENCE_COLUMNS}
         self.events = [
             event_row(
                 settled, SETTLED, now, owner, settled_data_json(settled["attempt"], settled["max_attempts"])
@@ -161,7 +160,7 @@ class PendingCycle:
         ]
         claimed: Occurrence | None = None
         if row.c_occurrence_id is not None:
-            values = {name: getattr(row, "c_" + name) for name in _NAMES}
+            values = {name: getattr(row, "c_" + name) for name in t.OCCURRENCE_COLUMNS}
             claimed = occurrence_record(values)
             claim_data = claim_data_json(values["attempt"], row.c_previous_status)
             self.events.append(event_row(values, CLAIMED, now, owner, claim_data))

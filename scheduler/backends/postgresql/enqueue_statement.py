@@ -51,7 +51,6 @@ from scheduler.store.plumbing.tx import Tx
 from scheduler.store.records import Occurrence
 
 ENQUEUED: Final = "occurrence_enqueued"
-_NAMES: Final = tuple(column.name for column in t.occurrences.c)
 _REVISION_HEAD: Final = '{"jobRevision":0'
 _MAX_VERIFIED: Final = 8192
 """Jobs remembered (all forgotten at once when full): a job forgotten costs its next enqueue one
@@ -177,7 +176,7 @@ class PendingEnqueue:
         tx = self._tx
         if tx.clock_unread:
             tx.adopt_clock(row.server_now)
-        values = {name: getattr(row, name) for name in _NAMES}
+        values = {name: getattr(row, name) for name in t.OCCURRENCE_COLUMNS}
         self.events = [
             {
                 "job_id": values["job_id"],

@@ -72,7 +72,7 @@ def load(source: str) -> dict[str, str]:
 SQL: Final = load(resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8"))
 """Every statement of ``queries.sql`` by name, as written there."""
 
-_OCCURRENCE: Final = tuple(c.name for c in t.occurrences.c)
+_OCCURRENCE: Final = t.OCCURRENCE_COLUMNS
 _SETTLED: Final = (
     *_OCCURRENCE,
     "control_state",

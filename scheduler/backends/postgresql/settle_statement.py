@@ -35,8 +35,6 @@ from scheduler.store.plumbing.telemetry import records_event
 from scheduler.store.plumbing.tx import Tx
 from scheduler.store.records import Occurrence
 
-_NAMES: Final = tuple(column.name for column in t.occurrences.c)
-
 
 class PendingSettle:
     """A successful ``settle`` left whole to the call's writes statement (``Tx.pick_later``);
@@ -91,7 +89,7 @@ class PendingSettle:
         tx = self._tx
         if tx.clock_unread:
             tx.adopt_clock(row.server_now)
-        settled = {name: getattr(row, "s_" + name) for name in _NAMES}
+        settled = {name: getattr(row, "s_" + name) for name in t.OCCURRENCE_COLUMNS}
         data = settled_data_json(settled["attempt"], settled["max_attempts"])
         self.events = [event_row(settled, SETTLED, tx.now, self._request.owner_id, data)]
         self.result = occurrence_record(settled)

@@ -238,17 +238,14 @@ def enqueue_in(tx: Tx, request: EnqueueRequest) -> Occurrence:
     return occurrence_record(existing, deduplicated=True)
 
 
-OCCURRENCE_COLUMNS: Final = tuple(column.name for column in _o.c)
-
-
 def _insert_new(tx: Tx, rows: list[dict[str, Any]]) -> set[str]:
     """Insert ``rows`` (distinct identities) but those whose identity is stored already; the
     identities inserted."""
     parts, _ = chunked(rows)
     inserted: set[str] = set()
     for chunk in parts:
-        statement = rows_insert(_o, OCCURRENCE_COLUMNS, len(chunk), skip_conflicts_on="idempotency_key")
-        inserted.update(row[0] for row in tx.all(statement, rows_parameters(OCCURRENCE_COLUMNS, chunk)))
+        statement = rows_insert(_o, t.OCCURRENCE_COLUMNS, len(chunk), skip_conflicts_on="idempotency_key")
+        inserted.update(row[0] for row in tx.all(statement, rows_parameters(t.OCCURRENCE_COLUMNS, chunk)))
     return inserted
 
 
