@@ -51,7 +51,7 @@ class SQLiteBackend:
     reruns_owned_writes: Final = False
     lazy_read_begin: Final = sqlite.BEGIN_READ
     combines_writes: Final = False
-    multi_row_inserts: Final = False  # executemany measured faster: no executor to start per row
+    multi_row_inserts: Final = False  # executemany measured as fast: one prepared statement stepped
     fast_path_driver: Final = ("pysqlite", "qmark")
     names_statements: Final = False
     statement_options: Final = _NO_OPTIONS
