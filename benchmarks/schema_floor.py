@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any, Final
+from typing import Final
 
 from benchmarks.lab import scratch_context, size_parser
-from scheduler.bench.context import BENCH_JOB_ID, LEASE_MS, Context
+from scheduler.bench.context import Context
 from scheduler.bench.depth import INSERT_EVENT, INSERT_OCCURRENCE, DepthBuilder, depth_job
 from scheduler.bench.model import GROUP_FLOOR, Spec
 from scheduler.bench.runner import run_scenario
 from scheduler.bench.scenarios import THROUGHPUT_SCENARIOS, Scenario
+from scheduler.bench.schema_floor import claim_rows, connect, cycle, one_commit_cycle
 from scheduler.bench.stores import open_bench_store, wall_ms
 from scheduler.bench.timing import Record, cpu_us, rate
 
-OWNER: Final = "schema-floor"
 SCHEMA_ENQUEUE = Spec(
     "schema_floor_enqueue_per_s",
     "schema floor: enqueue's INSERTs (occurrence + event), raw sqlite3",
@@ -54,70 +54,6 @@ SCHEMA_ONE_COMMIT = Spec(
     "rate",
     GROUP_FLOOR,
 )
-_HEAD: Final = (
-    "SELECT occurrence_id, attempt, fence FROM occurrences WHERE status = 'queued' AND available_at <= ? "
-    "ORDER BY available_at, lease_expires_at, scheduled_for, occurrence_id LIMIT 1"
-)
-_CLAIM: Final = (
-    "UPDATE occurrences SET status = 'running', attempt = ?, fence = ?, lease_owner = ?, "
-    "lease_expires_at = ?, updated_at = ? WHERE occurrence_id = ? AND fence = ?"
-)
-_SETTLE: Final = (
-    "UPDATE occurrences SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, "
-    "updated_at = ?, settled_at = ? WHERE occurrence_id = ? AND status = 'running' AND lease_owner = ? "
-    "AND fence = ?"
-)
-_EVENT: Final = (
-    "INSERT INTO events (job_id, occurrence_id, event_type, occurred_at, owner_id, fence, data_json) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-def _connect(path: Any) -> sqlite3.Connection:
-    connection = sqlite3.connect(path, isolation_level=None, timeout=30)
-    connection.execute("PRAGMA synchronous = FULL")
-    connection.execute("PRAGMA foreign_keys = ON")
-    return connection
-
-
-def _claim_rows(connection: sqlite3.Connection, now: int) -> tuple[str, int]:
-    """The claim's row changes (head of the claim index, UPDATE, event); (id, new fence)."""
-    occurrence_id, attempt, fence = connection.execute(_HEAD, (now,)).fetchone()
-    connection.execute(_CLAIM, (attempt + 1, fence + 1, OWNER, now + LEASE_MS, now, occurrence_id, fence))
-    claimed = f'{{"attempt":{attempt + 1},"previousOwner":null,"previousStatus":"queued"}}'
-    connection.execute(
-        _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_claimed", now, OWNER, fence + 1, claimed)
-    )
-    return occurrence_id, fence + 1
-
-
-def _settle_rows(connection: sqlite3.Connection, now: int, occurrence_id: str, fence: int) -> None:
-    """The settle's row changes (UPDATE, event) of an occurrence claimed at its first attempt."""
-    connection.execute(_SETTLE, (now, now, occurrence_id, OWNER, fence))
-    settled = '{"attempt":1,"maxAttempts":3}'
-    connection.execute(
-        _EVENT, (BENCH_JOB_ID, occurrence_id, "occurrence_succeeded", now, OWNER, fence, settled)
-    )
-
-
-def _cycle(connection: sqlite3.Connection) -> None:
-    """claim_next then settle: two transactions."""
-    connection.execute("BEGIN IMMEDIATE")
-    occurrence_id, fence = _claim_rows(connection, wall_ms())
-    connection.execute("COMMIT")
-    connection.execute("BEGIN IMMEDIATE")
-    _settle_rows(connection, wall_ms(), occurrence_id, fence)
-    connection.execute("COMMIT")
-
-
-def _one_commit_cycle(connection: sqlite3.Connection, held: tuple[str, int]) -> tuple[str, int]:
-    """settle_and_claim: settle the held occurrence and claim the next in one transaction."""
-    now = wall_ms()
-    connection.execute("BEGIN IMMEDIATE")
-    _settle_rows(connection, now, *held)
-    claimed = _claim_rows(connection, now)
-    connection.execute("COMMIT")
-    return claimed
 
 
 def _enqueues(ctx: Context, connection: sqlite3.Connection, builder: DepthBuilder, record: Record) -> int:
@@ -168,7 +104,7 @@ def _cycles(ctx: Context, connection: sqlite3.Connection, record: Record, queued
     budget, done = ctx.budget(), 0
     started, cpu_started = time.perf_counter(), time.process_time()
     while done < cycles and not budget.spent(done):
-        _cycle(connection)
+        cycle(connection)
         done += 1
         task.advance()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
@@ -180,12 +116,12 @@ def _one_commit_cycles(ctx: Context, connection: sqlite3.Connection, record: Rec
     cycles = min(queued - 1, ctx.config.cycles)
     task = ctx.progress.task("schema floor: settle + claim in one commit", cycles)
     connection.execute("BEGIN IMMEDIATE")
-    held = _claim_rows(connection, wall_ms())
+    held = claim_rows(connection, wall_ms())
     connection.execute("COMMIT")
     budget, done = ctx.budget(), 0
     started, cpu_started = time.perf_counter(), time.process_time()
     while done < cycles and not budget.spent(done):
-        held = _one_commit_cycle(connection, held)
+        held = one_commit_cycle(connection, held)
         done += 1
         task.advance()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
@@ -201,7 +137,7 @@ def measure_schema_floor(ctx: Context, record: Record) -> None:
         builder = DepthBuilder(path, depth_job(store), prefix="schema")
     finally:
         store.close()
-    connection = _connect(path)
+    connection = connect(path)
     try:
         queued = _enqueues(ctx, connection, builder, record)
         half = queued // 2

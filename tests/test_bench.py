@@ -16,9 +16,9 @@ from process_support import bench_stopped_with_sigterm, group_members
 from typer.testing import CliRunner
 
 from scheduler import open_store
-from scheduler.bench import register
+from scheduler.bench import register, schema_floor
 from scheduler.bench.adversarial import CASES
-from scheduler.bench.context import NullProgress, make_config
+from scheduler.bench.context import LEASE_MS, NullProgress, make_config
 from scheduler.bench.depth import DepthBuilder, depth_job
 from scheduler.bench.latency import depth_label
 from scheduler.bench.model import GROUP_THROUGHPUT, Spec, Unavailable
@@ -160,6 +160,43 @@ def test_depth_rows_are_what_enqueue_writes(tmp_path: Path) -> None:
                 {"jobRevision": 1, "scheduledFor": builder.base + 1, "triggerKey": "depth-00000001"},
             )
         ]
+    finally:
+        store.close()
+
+
+def test_the_schema_floor_makes_the_row_changes_the_store_makes(tmp_path: Path) -> None:
+    path = tmp_path / "floor.sqlite"
+    store = open_bench_store(path)
+    try:
+        builder = DepthBuilder(path, depth_job(store))
+        builder.add(2)
+        raw = schema_floor.connect(path)
+        try:
+            schema_floor.cycle(raw)  # claims and settles the head: index 0
+        finally:
+            raw.close()
+        claimed = store.claim_next(owner_id=schema_floor.OWNER, lease_ms=LEASE_MS)
+        assert claimed is not None and claimed.id == builder.occurrence_id(1)
+        store.settle(
+            occurrence_id=claimed.id, owner_id=schema_floor.OWNER, fence=claimed.fence, outcome="succeeded"
+        )
+
+        def written(index: int) -> tuple[Any, ...]:
+            occurrence = store.get_occurrence(builder.occurrence_id(index))
+            assert occurrence is not None and occurrence.settled_at is not None
+            events = store.history(occurrence_id=occurrence.id)  # newest first; the enqueue's is last
+            return (
+                occurrence.status,
+                occurrence.attempt,
+                occurrence.fence,
+                occurrence.lease_owner,
+                occurrence.lease_expires_at,
+                [(event.type, event.owner_id, event.fence, event.data) for event in events[:-1]],
+            )
+
+        assert written(0) == written(1)
+        assert written(0)[0] == "succeeded"
+        assert [row[0] for row in written(0)[-1]] == ["occurrence_succeeded", "occurrence_claimed"]
     finally:
         store.close()
 
