@@ -316,6 +316,18 @@ class Backend(Protocol):
         they took) or row by row with ``executemany`` (one prepared statement stepped per row)."""
         ...
 
+    @property
+    def copies_rows(self) -> bool:
+        """Whether the database streams a batch of rows into a table as one statement
+        (:meth:`copy_statement`), for batches no conflict can skip: ``enqueue_many``'s new
+        occurrences, many events; else they go as inserts."""
+        ...
+
+    def copy_statement(self, schema: str | None, table: str, columns: Sequence[str]) -> str:
+        """The statement that streams rows of ``columns`` into ``table`` (in ``schema``, or the
+        connection's own): PostgreSQL's ``COPY … FROM STDIN``. Only where :attr:`copies_rows`."""
+        ...
+
     def claim(
         self,
         tx: Tx,

@@ -51,6 +51,7 @@ class SQLiteBackend:
     reruns_owned_writes: Final = False
     lazy_read_begin: Final = sqlite.BEGIN_READ
     combines_writes: Final = False
+    copies_rows: Final = False
     multi_row_inserts: Final = False  # executemany measured as fast: one prepared statement stepped
     fast_path_driver: Final = ("pysqlite", "qmark")
     names_statements: Final = False
@@ -68,6 +69,9 @@ class SQLiteBackend:
 
     def text_values_parameter(self, values: list[str]) -> Any:
         return json.dumps(values)
+
+    def copy_statement(self, schema: str | None, table: str, columns: Sequence[str]) -> str:
+        raise NotImplementedError("SQLite has no COPY (copies_rows is False)")
 
     def rows_of_jobs(
         self, occurrences: Any, job_ids: Select[Any], columns: Sequence[str], limit: Any

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from sqlalchemy import bindparam, select
 
@@ -26,10 +26,13 @@ from scheduler.store.capabilities.occurrence_rows import (
     with_index,
 )
 from scheduler.store.plumbing.constructs import insert_ignoring_conflict
-from scheduler.store.plumbing.row_inserts import chunked, rows_insert, rows_parameters
+from scheduler.store.plumbing.row_inserts import COPY_AT_LEAST, chunked, rows_insert, rows_parameters
 from scheduler.store.plumbing.rows import data_corrupt, map_job
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.tx import Tx
+
+if TYPE_CHECKING:
+    from scheduler.backends.interface import Backend
 from scheduler.store.records import Occurrence
 
 OMITTED: Final[Any] = MISSING  # payload not given: the job's payload is used
@@ -42,7 +45,7 @@ ENQUEUE_FIELDS: Final = frozenset({"job_id", "scheduled_for", "trigger_key", "av
 _o = t.occurrences
 _INSERT: Final = Prepared(insert_ignoring_conflict(_o, "idempotency_key"))
 _BY_KEY: Final = Prepared(select(_o).where(_o.c.idempotency_key == bindparam("key")))
-_BY_KEYS: Final = Prepared(select(_o).where(_o.c.idempotency_key.in_(bindparam("keys", expanding=True))))
+_BY_KEYS_OF: dict[str, Prepared] = {}
 _JOB: Final = Prepared(select(t.jobs).where(t.jobs.c.job_id == bindparam("id")))
 _BY_ID: Final = Prepared(select(_o).where(_o.c.occurrence_id == bindparam("id")))
 _BY_TRIGGER: Final = Prepared(
@@ -249,12 +252,43 @@ def _insert_new(tx: Tx, rows: list[dict[str, Any]]) -> set[str]:
     return inserted
 
 
+def _copy(tx: Tx, rows: list[dict[str, Any]]) -> bool:
+    """Stream new occurrences in one ``COPY``: no row can be skipped, as every identity was read
+    under its ``enqueue`` lock, which every insert of an occurrence holds."""
+    columns = t.OCCURRENCE_COLUMNS
+    return tx.copy_rows(_o, columns, [tuple(row[name] for name in columns) for row in rows])
+
+
+def _by_keys(backend: Backend) -> Prepared:
+    """The occurrences of the identities ``:keys`` (``_keys_parameter``), one index probe each.
+
+    Where the backend names its statements (PostgreSQL), over a table of the bound values
+    (``Backend.text_values``), planned for each call: a named statement's generic plan, made
+    while the table was small, scanned it whole as it grew (an ``IN`` list of 100 parameters
+    as well). Elsewhere an ``IN`` list."""
+    statement = _BY_KEYS_OF.get(backend.name)
+    if statement is None:
+        key = _o.c.idempotency_key
+        if backend.names_statements:
+            wanted = key == backend.text_values("keys")
+        else:
+            wanted = key.in_(bindparam("keys", expanding=True))
+        statement = _BY_KEYS_OF.setdefault(
+            backend.name, Prepared(select(_o).where(wanted), planned_per_call=True)
+        )
+    return statement
+
+
+def _keys_parameter(backend: Backend, keys: list[str]) -> Any:
+    return backend.text_values_parameter(keys) if backend.names_statements else keys
+
+
 def _stored(tx: Tx, keys: list[str]) -> dict[str, Mapping[Any, Any]]:
     """The stored rows of the identities ``keys``, by identity."""
     return {
         row.idempotency_key: row._mapping
         for chunk in chunks(keys)
-        for row in tx.all(_BY_KEYS, {"keys": list(chunk)})
+        for row in tx.all(_by_keys(tx.backend), {"keys": _keys_parameter(tx.backend, list(chunk))})
     }
 
 
@@ -263,8 +297,9 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
 
     Where the backend writes multi-row inserts, the rows of the requests before the first that
     cannot be planned (each identity once) are inserted first, skipping identities already
-    stored, and only those are read back; elsewhere the identities are read first and the new
-    rows inserted at the end. Every item is judged in order either way, so the error raised is
+    stored, and only those are read back; elsewhere, and for :data:`COPY_AT_LEAST` identities or
+    more where the backend copies rows, the identities are read first and the new rows inserted
+    (or copied) at the end. Every item is judged in order either way, so the error raised is
     the first item's, as if each were enqueued in turn (a failure rolls back any insert with
     the transaction).
     """
@@ -282,7 +317,8 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
         if item.values is not None:
             firsts.setdefault(item.values["idempotency_key"], item.values)
     later: list[dict[str, Any]] = []
-    if tx.backend.multi_row_inserts:
+    copied = len(firsts) >= COPY_AT_LEAST and tx.copies_rows
+    if tx.backend.multi_row_inserts and not copied:
         inserted = _insert_new(tx, list(firsts.values()))
         stored = _stored(tx, [key for key in firsts if key not in inserted])
     else:  # read first, insert once every item is judged
@@ -310,7 +346,7 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
         except SchedulerKernelError as error:
             with_index(error, index)
             raise
-    if later and tx.changes(_INSERT, later) != len(later):
+    if later and not (copied and _copy(tx, later)) and tx.changes(_INSERT, later) != len(later):
         raise data_corrupt("Occurrence idempotency identity does not match stored data")
     events.flush(tx)
     return results

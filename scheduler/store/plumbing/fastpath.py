@@ -28,11 +28,11 @@ version, or ``SCHEDULER_PUBLIC_PATH=1``) there is no fast path, or no plan for t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, Final, NoReturn
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -405,6 +405,32 @@ class FastPath:
         except BaseException as error:
             internals.raise_dbapi_error(conn, error, None, None)
 
+    @property
+    def copies_rows(self) -> bool:
+        """Whether :meth:`copy_rows` can stream rows: the backend has a ``COPY`` and the driver's
+        cursor takes one (psycopg's)."""
+        return self._backend.copies_rows and hasattr(self._cursor, "copy")
+
+    def copy_rows(
+        self, conn: Connection, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+    ) -> bool:
+        """Stream ``rows`` into ``table`` with the backend's ``copy_statement`` on the store's
+        cursor, in the transaction; whether it did (``False``: nothing was sent, the driver or
+        the database has no such statement: :attr:`copies_rows`). Errors are wrapped as ``run``'s."""
+        if not self.copies_rows:
+            return False
+        cursor = self._cursor
+        schema = None if self._translate_map is None else self._translate_map.get(table.schema)
+        sql = self._backend.copy_statement(schema, table.name, columns)
+        self.ensure_begun(conn)
+        try:
+            with cursor.copy(sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except BaseException as error:
+            self._failed(conn, error, sql, (), cursor)
+        return True
+
     def run(
         self, conn: Connection, prepared: Prepared, parameters: Any, *, commit: bool = False
     ) -> tuple[list[Any], int] | None:
@@ -434,7 +460,7 @@ class FastPath:
         runs on a snapshot taken after ``lead`` ran, at no round trip of its own. ``None`` when
         either is not named yet: nothing was sent."""
         server = self._server
-        if server is None or (self._cursor is None and not self.usable(conn)):
+        if server is None or prepared.planned_per_call or (self._cursor is None and not self.usable(conn)):
             return None
         texts: list[str] = []
         plan: Plan | None = None
@@ -496,7 +522,7 @@ class FastPath:
             cursor = self._cursor
         server = self._server
         if server is not None:
-            named = server.named(sql)
+            named = None if prepared.planned_per_call else server.named(sql)
             if named is not None:
                 text = server.execute_text(*named, arguments, server.pending_begin, commit)
                 if text is not None:

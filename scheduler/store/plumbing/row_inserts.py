@@ -24,6 +24,9 @@ from scheduler.store.plumbing.statement_plans import Prepared
 
 LADDER: Final = (64, 16, 4, 1)
 """The row counts a chunk may have, largest first."""
+COPY_AT_LEAST: Final = 64
+"""Rows of one table a call writes, from which they go as one ``COPY`` (where the backend has
+one): below that, a multi-row ``INSERT`` of the same rows is one round trip, the ``COPY`` two."""
 
 T = TypeVar("T")
 

@@ -39,7 +39,7 @@ StoredRow: TypeAlias = Any
 class Prepared:
     """A module-level Core statement that may run through the compile-once fast path."""
 
-    __slots__ = ("dml", "ignores_kept_writes", "locks", "passes_kept_writes", "statement")
+    __slots__ = ("dml", "ignores_kept_writes", "locks", "passes_kept_writes", "planned_per_call", "statement")
 
     def __init__(
         self,
@@ -48,12 +48,17 @@ class Prepared:
         passes_kept_writes: bool = False,
         locks: bool = False,
         ignores_kept_writes: bool = False,
+        planned_per_call: bool = False,
     ) -> None:
         """``locks``: the statement writes or locks rows where its top level does not show it
         (inside a ``WITH``); ``ignores_kept_writes``: it reads nothing that a write
         ``Tx.write_later`` keeps changes (those are occurrence updates, which never change an
-        occurrence's ``job_id``, and event rows): e.g. ``jobs``, the controls, ``job_id``."""
+        occurrence's ``job_id``, and event rows): e.g. ``jobs``, the controls, ``job_id``;
+        ``planned_per_call``: never a named server-side statement, so the server plans it for
+        each call's values and table size (a named statement's generic plan, made while a table
+        was small and kept while no statistics change, may scan it whole)."""
         self.statement = statement
+        self.planned_per_call = planned_per_call
         self.ignores_kept_writes = ignores_kept_writes
         self.passes_kept_writes = passes_kept_writes
         """A claim read that may run before writes ``Tx.write_later`` keeps (it reads only rows

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar, overload
 
-from sqlalchemy import Connection, Row, insert
+from sqlalchemy import Connection, Row, Table, insert
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
@@ -24,9 +24,10 @@ from scheduler.schema import tables as t
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.store.plumbing.restart import RestartTransaction as RestartTransaction  # re-exported
 from scheduler.store.plumbing.restart import WholeCycleMissed as WholeCycleMissed  # re-exported
-from scheduler.store.plumbing.row_inserts import chunked
+from scheduler.store.plumbing.row_inserts import COPY_AT_LEAST, chunked
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.write_batch import (
+    EVENT_COLUMNS,
     MULTI_ROW_EVENTS,
     combined,
     combined_parameters,
@@ -318,8 +319,17 @@ class Tx:
             self._insert_events(rest, commit)
 
     def _insert_events(self, rows: list[dict[str, Any]], commit: bool) -> None:
-        """Many event rows as multi-row ``INSERT``s of :data:`EVENT_CHUNKS` rows, the rest in one
+        """Many event rows: at least :data:`COPY_AT_LEAST` in one ``COPY`` where the backend has
+        it; else as multi-row ``INSERT``s of :data:`EVENT_CHUNKS` rows, the rest in one
         ``executemany`` (the ``COMMIT`` goes with the last statement where it is a named one)."""
+        if (
+            len(rows) >= COPY_AT_LEAST
+            and self.copies_rows
+            and self.copy_rows(
+                t.events, EVENT_COLUMNS, [tuple(row[name] for name in EVENT_COLUMNS) for row in rows]
+            )
+        ):
+            return
         chunks, left = chunked(rows, EVENT_CHUNKS) if self.backend.multi_row_inserts else ([], rows)
         parts: list[tuple[Prepared, Any]] = [
             (event_rows_insert(len(chunk)), event_rows_parameters(chunk)) for chunk in chunks
@@ -458,6 +468,21 @@ class Tx:
         if isinstance(parameters, list) and not self.conn.dialect.supports_sane_multi_rowcount:
             return sum(int(self.execute(statement, one).rowcount) for one in parameters)
         return int(self.execute(statement, parameters).rowcount)
+
+    @property
+    def copies_rows(self) -> bool:
+        """Whether :meth:`copy_rows` streams rows in one statement in this transaction."""
+        return self._fast is not None and self._fast.copies_rows
+
+    def copy_rows(self, table: Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:
+        """Stream ``rows`` (values of ``columns``) into ``table`` in one statement where the
+        backend has one (``Backend.copy_statement``) and the fast path runs; whether it did
+        (``False``: nothing was written). For rows no conflict can skip: any error fails the call."""
+        if self._fast is None or not rows:
+            return False
+        self._before(None)
+        self.claim_savepoint_kept = False
+        return self._fast.copy_rows(self._conn, table, columns, rows)
 
     def new_uuid(self) -> str:
         value = self._uuid_factory()

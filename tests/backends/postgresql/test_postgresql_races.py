@@ -17,6 +17,7 @@ from migration_fixtures import agenda_entry, plan
 from sqlalchemy import Engine
 
 from scheduler import SchedulerKernelError, SchedulerStore, open_store
+from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.testing import dump_tables
 
 T0 = 1767225600000
@@ -122,6 +123,49 @@ def test_enqueue_many_with_overlapping_identities(stores: list[SchedulerStore]) 
     tables = dump_tables(stores[0])
     assert len(tables["occurrences"]) == 4
     assert sum(row["event_type"] == "occurrence_enqueued" for row in tables["events"]) == 4
+
+
+def test_copied_batches_race_single_enqueues_of_their_identities(
+    stores: list[SchedulerStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 100 go as a COPY of the identities read as new under their locks; racers
+    enqueueing the same identities one at a time or in other batches never make it fail."""
+    stores[0].create_job(id="job-1", kind="email", authority=AUTHORITY)
+    copies: list[str] = []
+    real_copy = FastPath.copy_rows
+
+    def counted(self: FastPath, conn: Any, table: Any, columns: Any, rows: Any) -> bool:
+        copied = real_copy(self, conn, table, columns, rows)
+        if copied:
+            copies.append(table.name)
+        return copied
+
+    monkeypatch.setattr(FastPath, "copy_rows", counted)
+
+    for round_ in range(4):  # a lost lock shows in some rounds only
+
+        def request(key: int, round_: int = round_) -> dict[str, Any]:
+            return {"job_id": "job-1", "scheduled_for": T0 + round_, "trigger_key": f"t{key}"}
+
+        def enqueue(store: SchedulerStore, i: int) -> Any:
+            if i >= RACERS - 2:  # one at a time, every third identity, in opposite orders
+                keys = range(0, 200, 3) if i % 2 else range(198, -1, -3)
+                return [store.enqueue_occurrence(**request(key)) for key in keys]
+            return store.enqueue_many([request((i * 50 + k) % 200) for k in range(100)])
+
+        outcomes = race(stores, enqueue)
+        assert len(oks(outcomes)) == RACERS, outcomes
+        created = [
+            occurrence.trigger_key
+            for done in oks(outcomes)
+            for occurrence in done
+            if not occurrence.deduplicated
+        ]
+        assert sorted(created) == sorted(f"t{key}" for key in range(200))  # each created exactly once
+    tables = dump_tables(stores[0])
+    assert len(tables["occurrences"]) == 800
+    assert sum(row["event_type"] == "occurrence_enqueued" for row in tables["events"]) == 800
+    assert "occurrences" in copies and "events" in copies
 
 
 def test_once_per_trigger_enqueues_one_occurrence_per_tick(stores: list[SchedulerStore]) -> None:
