@@ -147,6 +147,48 @@ def test_defer_many_is_one_transaction(place: StorePlace) -> None:
         assert [run.result(timeout_s=0) for run in [*runs, *mixed]] == [3, 7, 11, "HI", 2]
 
 
+def test_defer_many_writes_plain_runs_as_batches_with_the_results_of_one_by_one(place: StorePlace) -> None:
+    """Plain calls next to each other are enqueued as one batch (long enough for PostgreSQL's
+    COPY); keyed calls one at a time between them. Results, rows and events come in the items'
+    order, and a failing item is named by its index in the whole call."""
+    with tasks_on(place) as tasks:
+        add = tasks.task(name="add")(lambda a, b: a + b)
+        shout = tasks.task(name="shout", queue="loud")(lambda text: text.upper())
+        add.defer(0, 0, key="k0")
+        items: list[dict[str, Any]] = [{"task": add, "a": n, "b": 1} for n in range(70)]
+        items += [{"task": add, "a": 0, "b": 0, "key": "k0"}, {"task": add, "a": 1, "b": 0, "key": "k1"}]
+        items += [{"task": shout, "text": f"t{n}"} for n in range(70)]
+        runs = tasks.defer_many(items)
+        assert [run.task for run in runs] == ["add"] * 72 + ["shout"] * 70
+        assert runs[70].id == add.defer(0, 0, key="k0").id  # the earlier run of the key
+        assert count(place, "occurrences") == 1 + 71 + 70
+        payloads = [run_row(place, run.id)["payload_json"] for run in runs]
+        assert payloads[:2] == ['{"args":{"a":0,"b":1}}', '{"args":{"a":1,"b":1}}']
+        assert payloads[-1] == '{"args":{"text":"t69"}}'
+        enqueued = place.sql(
+            "SELECT occurrence_id FROM events WHERE event_type = 'occurrence_enqueued' ORDER BY event_id"
+        )
+        assert [row[0] for row in enqueued][1:] == [run.id for index, run in enumerate(runs) if index != 70]
+
+        tasks.register()
+        with place.open() as store:
+            job = store.get_job("shout")
+            assert job is not None
+            store.update_job("shout", job.revision, enabled=False)
+        before = count(place, "occurrences")
+        with pytest.raises(SchedulerKernelError) as disabled:
+            tasks.defer_many(
+                [{"task": add, "a": 1, "b": 2}, {"task": add, "a": 2, "b": 2}, {"task": shout, "text": "x"}]
+            )
+        assert (disabled.value.code, disabled.value.details["index"]) == ("SCHEDULER_JOB_DISABLED", 2)
+        with pytest.raises(SchedulerKernelError) as after_key:
+            tasks.defer_many(
+                [{"task": add, "a": 1, "b": 2, "key": "k9"}, *[{"task": shout, "text": "x"}] * 2]
+            )
+        assert (after_key.value.code, after_key.value.details["index"]) == ("SCHEDULER_JOB_DISABLED", 1)
+        assert count(place, "occurrences") == before
+
+
 @pytest.mark.parametrize(
     ("call", "what"),
     [

@@ -30,7 +30,12 @@ from scheduler.schema import tables as t
 from scheduler.store.capabilities.claim_eligibility import ClaimFilter
 from scheduler.store.capabilities.leases import claim_in, normalize_lease_ms
 from scheduler.store.capabilities.occurrence_rows import EventLog, occurrence_record, with_index
-from scheduler.store.capabilities.occurrences import EnqueueRequest, enqueue_in, enqueue_once_in
+from scheduler.store.capabilities.occurrences import (
+    EnqueueRequest,
+    enqueue_batch_in,
+    enqueue_in,
+    enqueue_once_in,
+)
 from scheduler.store.facade import SchedulerStore
 from scheduler.store.plumbing.constructs import json_text_field
 from scheduler.store.plumbing.session import OwnedRunner
@@ -185,19 +190,33 @@ Check = Callable[[int, Occurrence], None]
 
 def _enqueue_in(tx: Tx, requests: Sequence[Enqueue], check: Check | None) -> list[Occurrence]:
     enqueued: list[Occurrence] = []
-    for index, item in enumerate(requests):
-        at = tx.now if item.scheduled_for is None else item.scheduled_for
-        request = EnqueueRequest(item.job_id, at, item.trigger_key, at, item.payload)
+    start = 0
+    while start < len(requests):
+        end = start
+        while end < len(requests) and not requests[end].once_per_trigger:
+            end += 1
+        run = requests[start:end] if end - start > 1 else requests[start : start + 1]
         try:
-            occurrence = (enqueue_once_in if item.once_per_trigger else enqueue_in)(tx, request)
-            if check is not None:
-                check(index, occurrence)
+            if len(run) > 1:  # plain enqueues side by side: one batch (enqueue_many's writes)
+                enqueued += enqueue_batch_in(tx, [_request(tx, item) for item in run])
+            else:
+                item = run[0]
+                enqueue = enqueue_once_in if item.once_per_trigger else enqueue_in
+                enqueued.append(enqueue(tx, _request(tx, item)))
+                if check is not None and item.once_per_trigger:
+                    check(start, enqueued[-1])
         except SchedulerKernelError as error:
             if len(requests) > 1:
-                with_index(error, index)
+                within = (error.details or {}).get("index", 0) if len(run) > 1 else 0
+                with_index(error, start + within)
             raise
-        enqueued.append(occurrence)
+        start += len(run)
     return enqueued
+
+
+def _request(tx: Tx, item: Enqueue) -> EnqueueRequest:
+    at = tx.now if item.scheduled_for is None else item.scheduled_for
+    return EnqueueRequest(item.job_id, at, item.trigger_key, at, item.payload)
 
 
 def enqueue_now_or_at(
@@ -206,8 +225,10 @@ def enqueue_now_or_at(
     """``enqueue_occurrence`` (or the once-per-trigger form) of each request in order, in ONE write
     transaction of ``store`` (a SAVEPOINT inside the caller's transaction on an ``on_connection``
     store), ``scheduled_for`` defaulting to the transaction's ``now``. ``check(index, occurrence)``
-    runs inside the transaction after each enqueue; an error it raises rolls everything back.
-    A failing item of several carries ``details["index"]``."""
+    runs inside the transaction after each once-per-trigger enqueue; an error it raises rolls
+    everything back. Plain enqueues next to each other go as one batch (``enqueue_many``'s
+    writes: the same rows, events and errors as one by one). A failing item of several carries
+    ``details["index"]``."""
     for item in requests:
         normalize_key(item.job_id, "jobId")
         normalize_key(item.trigger_key, "triggerKey")
