@@ -30,10 +30,10 @@ from scheduler.store.plumbing.row_inserts import COPY_AT_LEAST, chunked, rows_in
 from scheduler.store.plumbing.rows import data_corrupt, map_job
 from scheduler.store.plumbing.statement_plans import Prepared
 from scheduler.store.plumbing.tx import Tx
+from scheduler.store.records import Occurrence
 
 if TYPE_CHECKING:
     from scheduler.backends.interface import Backend
-from scheduler.store.records import Occurrence
 
 OMITTED: Final[Any] = MISSING  # payload not given: the job's payload is used
 """Default of ``payload``: the job's payload is used (``None`` is the JSON ``null``)."""

@@ -192,12 +192,13 @@ def _enqueue_in(tx: Tx, requests: Sequence[Enqueue], check: Check | None) -> lis
     enqueued: list[Occurrence] = []
     start = 0
     while start < len(requests):
-        end = start
-        while end < len(requests) and not requests[end].once_per_trigger:
-            end += 1
-        run = requests[start:end] if end - start > 1 else requests[start : start + 1]
+        end = start + 1
+        if not requests[start].once_per_trigger:  # plain enqueues side by side go as one batch
+            while end < len(requests) and not requests[end].once_per_trigger:
+                end += 1
+        run = requests[start:end]
         try:
-            if len(run) > 1:  # plain enqueues side by side: one batch (enqueue_many's writes)
+            if len(run) > 1:
                 enqueued += enqueue_batch_in(tx, [_request(tx, item) for item in run])
             else:
                 item = run[0]
@@ -206,11 +207,11 @@ def _enqueue_in(tx: Tx, requests: Sequence[Enqueue], check: Check | None) -> lis
                 if check is not None and item.once_per_trigger:
                     check(start, enqueued[-1])
         except SchedulerKernelError as error:
-            if len(requests) > 1:
-                within = (error.details or {}).get("index", 0) if len(run) > 1 else 0
-                with_index(error, start + within)
+            if len(requests) > 1:  # a batch names its item; the whole call names it in the call
+                details = error.details if len(run) > 1 and isinstance(error.details, dict) else {}
+                with_index(error, start + details.get("index", 0))
             raise
-        start += len(run)
+        start = end
     return enqueued
 
 

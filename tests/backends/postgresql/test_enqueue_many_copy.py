@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 from test_postgresql_claims import AUTHORITY, T0
+from test_postgresql_failures import storage_error
 
 from scheduler import open_store
+from scheduler.schema.target import quote_identifier
 from scheduler.store.plumbing.fastpath import FastPath
 from scheduler.testing import dump_tables
 
@@ -64,3 +66,26 @@ def test_a_batch_is_copied_after_a_read_planned_per_call(
         ]
     finally:
         store.close()
+
+
+def test_a_copy_that_waits_on_a_lock_fails_retryably_and_writes_nothing(
+    pg_engine: Engine, pg_schema: str
+) -> None:
+    """The events' COPY checks each row's job (a key-share lock of its row): while another
+    transaction holds that row it waits, until the store's lock timeout classifies the failure."""
+    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0, busy_timeout_ms=200) as store:
+        store.create_job(id="j", kind="k", authority=AUTHORITY)
+        holder = pg_engine.connect()
+        try:
+            holder.exec_driver_sql(
+                f"SELECT 1 FROM {quote_identifier(pg_schema)}.jobs WHERE job_id = 'j' FOR UPDATE"
+            )
+            details = storage_error(lambda: store.enqueue_many(_batch(0, 100)))
+        finally:
+            holder.rollback()
+            holder.close()
+        assert details["storageCode"] == "55P03" and details["retryable"] is True
+        assert details["commitState"] == "not_committed"
+        assert dump_tables(store)["occurrences"] == []
+        assert len(store.enqueue_many(_batch(0, 100))) == 100  # the same connection, at once
+        assert len(dump_tables(store)["occurrences"]) == 100
