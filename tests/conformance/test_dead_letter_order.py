@@ -151,6 +151,16 @@ def listings_match_the_seed(
         store.close()
 
 
+def test_a_dead_letter_requeued_and_dead_lettered_again_in_its_millisecond_counts_once(
+    place: StorePlace,
+) -> None:
+    """Found by the randomized test: two dead-lettering events of one occurrence at one time filled
+    the first range's candidates, and b's other dead letter of that time was skipped."""
+    steps = [("a", "boom", 0, "none")] * 2 + [("b", "boom", 0, "none")] + [("a", "boom", 0, "none")] * 3
+    steps += [("b", "boom", 0, "none"), ("b", "boom", 0, "requeue")] + [("a", "boom", 0, "none")] * 2
+    listings_match_the_seed(place.sibling("twice"), steps, 2, "b", (10_000, 0, 1024))
+
+
 @pytest.mark.parametrize("limit", [1, 2, 3])
 def test_ties_on_settled_at_are_completed_across_pages(place: StorePlace, limit: int) -> None:
     clock = Clock()

@@ -160,11 +160,15 @@ def _dead_in_range(
         ids = list({row.occurrence_id for row in events})
         found = tx.all(_still_dead(unknown_only), {"ids": ids}) if ids else []
         settled = {row.occurrence_id: row.settled_at for row in found if row.status == DEAD_LETTER}
-        dead = [
-            (-row.occurred_at, row.occurrence_id)
-            for row in events
-            if settled.get(row.occurrence_id) == row.occurred_at
-        ]
+        # An occurrence requeued and dead-lettered again within one millisecond has two events
+        # of its settled_at: it counts once, or the range would stop short of another's.
+        dead = list(
+            dict.fromkeys(
+                (-row.occurred_at, row.occurrence_id)
+                for row in events
+                if settled.get(row.occurrence_id) == row.occurred_at
+            )
+        )
         if len(dead) >= count or len(events) < candidates:
             return dead, oldest
         candidates *= 2
