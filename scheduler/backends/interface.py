@@ -242,6 +242,12 @@ class Backend(Protocol):
         codes and contention in it)."""
         ...
 
+    def rolled_back(self, errors: list[BaseException]) -> bool:
+        """Whether the server answered the transaction's last statement or its ``COMMIT`` with an
+        error that rolled the transaction back (``errors``: a cause chain, the error first), so a
+        failure after the ``COMMIT`` was sent is still known not to have committed."""
+        ...
+
     def missing_table(self, errors: list[BaseException]) -> bool:
         """Whether a statement of the cause chain ``errors`` named a table that does not exist."""
         ...

@@ -322,6 +322,25 @@ def storage_condition(errors: list[BaseException]) -> tuple[str, bool] | None:
     return lost_connection(errors)  # no server code: a network error, as on any backend
 
 
+ROLLED_BACK_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03", "57014"})
+"""Errors the server answers a statement or a ``COMMIT`` with, aborting the transaction: a
+``COMMIT`` that fails with one (a lock timeout taking the notification queue's lock, a deferred
+trigger's error, a serialization failure) committed nothing. Not the terminations (57P01 …, class
+08): they end the session, and a commit they interrupt may have been written."""
+
+
+def rolled_back(errors: list[BaseException]) -> bool:
+    """Whether a driver error of the cause chain is one of :data:`ROLLED_BACK_SQLSTATES` or an
+    integrity violation (class 23, a deferred constraint's at ``COMMIT``)."""
+    for error in errors:
+        if getattr(error, "connection_invalidated", False) is True:
+            return False
+        sqlstate = getattr(error, "sqlstate", None) if _is_driver_error(error) else None
+        if isinstance(sqlstate, str) and sqlstate:
+            return sqlstate in ROLLED_BACK_SQLSTATES or sqlstate.startswith("23")
+    return False
+
+
 def missing_table(errors: list[BaseException]) -> bool:
     """Whether a statement of the cause chain named a table that does not exist (42P01)."""
     return has_sqlstate(errors, UNDEFINED_TABLE)

@@ -121,6 +121,9 @@ class PostgreSQLBackend:
     def storage_condition(self, errors: list[BaseException]) -> tuple[str, bool] | None:
         return postgresql.storage_condition(errors)
 
+    def rolled_back(self, errors: list[BaseException]) -> bool:
+        return postgresql.rolled_back(errors)
+
     def missing_table(self, errors: list[BaseException]) -> bool:
         return postgresql.missing_table(errors)
 

@@ -98,6 +98,9 @@ class SQLiteBackend:
         """Only a lost connection: SQLite's own codes are the neutral storage codes."""
         return lost_connection(errors)
 
+    def rolled_back(self, errors: list[BaseException]) -> bool:
+        return False  # a busy COMMIT is told apart where the store commits (opening.py)
+
     def missing_table(self, errors: list[BaseException]) -> bool:
         return sqlite.missing_table(errors)
 

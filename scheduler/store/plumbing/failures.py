@@ -200,6 +200,11 @@ def classify_storage_failure(
     return storage_unavailable(phase=phase, storage_code=contention, commit_state=state, retryable=retryable)
 
 
+def rolled_back(error: BaseException, backend: Backend) -> bool:
+    """Whether ``error`` (or its causes) proves its transaction rolled back (``Backend.rolled_back``)."""
+    return backend.rolled_back(_chain(error))
+
+
 def missing_tables(error: BaseException, schema: str, backend: Backend) -> SchedulerKernelError | None:
     """``SCHEDULER_SCHEMA_UNKNOWN`` when a statement on a caller's connection (``on_connection``)
     found no scheduler table in ``schema`` (:meth:`~scheduler.backends.interface.Backend.missing_table`):

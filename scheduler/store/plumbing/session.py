@@ -26,6 +26,7 @@ from scheduler.contract.errors import SchedulerKernelError
 from scheduler.store.plumbing.failures import (
     IN_FAILED_TRANSACTION,
     classify_storage_failure,
+    rolled_back,
     storage_unavailable,
 )
 from scheduler.store.plumbing.fastpath import FastPath
@@ -192,14 +193,16 @@ class OwnedRunner(RunnerBase):
             if isinstance(error, SchedulerKernelError):
                 raise
             # Once COMMIT was sent (after the body, or with its last writes), it may have been
-            # applied: only a failure before it, with the transaction provably closed, is
-            # "not_committed" (seed: _write).
+            # applied: only a failure before it, or one the server answered it with that aborts
+            # the transaction, with the transaction provably closed, is "not_committed" (seed:
+            # _write).
             sent = returned or (fast is not None and fast.commit_sent)
+            refused = closed and sent and rolled_back(error, self.backend)
             classified = classify_storage_failure(
                 error,
                 self.backend,
                 phase="write",
-                commit_state="not_committed" if closed and not sent else "unknown",
+                commit_state="not_committed" if closed and (not sent or refused) else "unknown",
             )
             if classified is None:
                 raise
@@ -336,7 +339,9 @@ class OwnedRunner(RunnerBase):
                 error,
                 self.backend,
                 phase="commit",
-                commit_state="not_committed" if closed and not notified else "unknown",
+                commit_state="not_committed"
+                if closed and (not notified or rolled_back(error, self.backend))
+                else "unknown",
                 owns_transaction=False,
             )
             if classified is None:

@@ -86,12 +86,16 @@ def open_stores(pg_engine: Engine, pg_schema: str, clock: Clock) -> Iterator[Sto
 
 
 def enqueue(store: SchedulerStore, count: int, *, job_id: str = "job-1", max_attempts: int = 3) -> list[str]:
-    """``count`` occurrences of one job, due one ms apart from ``T0 - count`` (the first is oldest)."""
+    """``count`` occurrences of one job, due one ms apart from ``T0 - count`` (the first is oldest).
+
+    The enqueue's COMMIT sends a NOTIFY, which takes the server's notification queue lock, one
+    committing transaction of the cluster at a time: another test's may hold it past the 1 ms lock
+    timeout, and the refused COMMIT (committed nothing, retryable) is made again."""
     store.create_job(id=job_id, kind="agenda", authority=AUTHORITY, max_attempts=max_attempts)
     requests = [
         {"job_id": job_id, "scheduled_for": T0 - count + i, "trigger_key": f"t{i:05d}"} for i in range(count)
     ]
-    return [occurrence.id for occurrence in store.enqueue_many(requests)]
+    return [occurrence.id for occurrence in retried(lambda: store.enqueue_many(requests), Calls())]
 
 
 @contextmanager

@@ -82,6 +82,55 @@ def test_lock_timeout_is_55P03_and_retryable(pg_engine: Engine, pg_schema: str) 
         assert store.update_job("job-1", 1, payload={"n": 1}).revision == 2
 
 
+def test_a_commit_the_server_refuses_committed_nothing_and_is_retryable(
+    pg_engine: Engine, pg_schema: str
+) -> None:
+    """A COMMIT the server answers with an error has rolled the transaction back: here a deferred
+    trigger waits at COMMIT for a row another transaction holds, as a NOTIFY's COMMIT waits for
+    the notification queue's lock, until the lock timeout."""
+    schema, gate = quote_identifier(pg_schema), quote_identifier(f"{pg_schema}_gate")
+    with open_store(pg_engine, schema=pg_schema, clock=lambda: T0, busy_timeout_ms=100) as store:
+        with pg_engine.begin() as connection:
+            for statement in (
+                f"CREATE SCHEMA {gate}",
+                f"CREATE TABLE {gate}.gate (id integer PRIMARY KEY)",
+                f"INSERT INTO {gate}.gate VALUES (1)",
+                f"CREATE FUNCTION {gate}.wait() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN PERFORM 1 FROM {gate}.gate WHERE id = 1 FOR UPDATE; RETURN NULL; END $$",
+                f"CREATE CONSTRAINT TRIGGER wait_at_commit AFTER INSERT ON {schema}.jobs "
+                f"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {gate}.wait()",
+            ):
+                connection.exec_driver_sql(statement)
+        holder = pg_engine.connect()
+        try:
+            holder.exec_driver_sql(f"SELECT 1 FROM {gate}.gate WHERE id = 1 FOR UPDATE")
+            details = storage_error(lambda: store.create_job(id="job-1", kind="email", authority=AUTHORITY))
+        finally:
+            holder.rollback()
+            holder.close()
+        try:
+            assert details == retryable("55P03")
+            assert store.get_job("job-1") is None
+            assert store.create_job(id="job-1", kind="email", authority=AUTHORITY).revision == 1
+            holder = pg_engine.connect()
+            holder.exec_driver_sql(f"SELECT 1 FROM {gate}.gate WHERE id = 1 FOR UPDATE")
+            with pytest.raises(SchedulerKernelError) as block, store.transaction() as tx:  # its COMMIT
+                tx.create_job(id="job-2", kind="email", authority=AUTHORITY)
+            holder.rollback()
+            holder.close()
+            assert block.value.details == {
+                "phase": "commit",
+                "storageCode": "55P03",
+                "commitState": "not_committed",
+                "retryable": False,  # the block's work is the caller's to run again
+            }
+            assert store.get_job("job-2") is None
+        finally:
+            with pg_engine.begin() as connection:
+                connection.exec_driver_sql(f"DROP TRIGGER wait_at_commit ON {schema}.jobs")
+                connection.exec_driver_sql(f"DROP SCHEMA {gate} CASCADE")
+
+
 def test_statement_cancel_is_57014_and_retryable(
     store: SchedulerStore, pg_engine: Engine, pg_schema: str
 ) -> None:
