@@ -33,7 +33,7 @@ from scheduler.backends.postgresql import (
     wakeups,
 )
 from scheduler.backends.postgresql.server_statements import ServerStatements, connection_fits, counts_differed
-from scheduler.schema.target import SchemaTarget
+from scheduler.schema.target import SchemaTarget, quote_identifier
 
 if TYPE_CHECKING:
     from scheduler.store.capabilities.claim_eligibility import ClaimFilter
@@ -84,8 +84,12 @@ class PostgreSQLBackend:
     def copy_statement(self, schema: str | None, table: str, columns: Sequence[str]) -> str:
         """``COPY "schema"."table" ("column", …) FROM STDIN``: rows in the text format, parsed by
         the server as one statement (an ``INSERT`` of 64 rows binds 1,280 parameters)."""
-        target = _quoted(table) if schema is None else f"{_quoted(schema)}.{_quoted(table)}"
-        return f"COPY {target} ({', '.join(map(_quoted, columns))}) FROM STDIN"
+        target = (
+            quote_identifier(table)
+            if schema is None
+            else f"{quote_identifier(schema)}.{quote_identifier(table)}"
+        )
+        return f"COPY {target} ({', '.join(map(quote_identifier, columns))}) FROM STDIN"
 
     def rows_of_jobs(
         self, occurrences: Any, job_ids: Select[Any], columns: Sequence[str], limit: Any
@@ -252,7 +256,3 @@ class _TextArray(TypeDecorator[list[str]]):
 
     def bind_processor(self, dialect: Dialect) -> None:
         return None
-
-
-def _quoted(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'

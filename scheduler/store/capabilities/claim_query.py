@@ -86,7 +86,7 @@ from scheduler.store.capabilities.claim_eligibility import (
     waiting_control_ok,
 )
 from scheduler.store.plumbing.constructs import expiry_order
-from scheduler.store.plumbing.statement_plans import Prepared
+from scheduler.store.plumbing.statement_plans import Prepared, per_backend
 
 if TYPE_CHECKING:
     from scheduler.backends.interface import Backend
@@ -366,19 +366,15 @@ def page_params(entries: int, wanted: int) -> dict[str, int]:
     return {**_size("page", entries), "wanted": wanted}
 
 
-_BY_BACKEND: dict[tuple[str, ...], Prepared] = {}
-"""The statements that read through ``Backend.rows_of_jobs``, per backend name and shape."""
-
-
 def eligible_job_rows_statement(backend: Backend, shape: Shape) -> Prepared:
     """How many occurrences (any status) the eligible jobs hold, counted up to ``:budget``."""
-    key = ("count", backend.name, *map(str, shape))
-    found = _BY_BACKEND.get(key)
-    if found is None:
+
+    def build() -> Prepared:
         jobs = eligible_job_ids(shape)
         rows = backend.rows_of_jobs(_m, jobs, ("occurrence_id",), _count("budget")).subquery("budget")
-        found = _BY_BACKEND[key] = Prepared(select(func.count()).select_from(rows))
-    return found
+        return Prepared(select(func.count()).select_from(rows))
+
+    return per_backend(("count", backend.name, *map(str, shape)), build)
 
 
 def eligible_jobs_statement(backend: Backend, arm: str, shape: Shape) -> Prepared:
@@ -391,24 +387,23 @@ def eligible_jobs_statement(backend: Backend, arm: str, shape: Shape) -> Prepare
     that must sort is costed as if sorts were disabled on PostgreSQL's store connection, which
     would leave every other choice in the same statement to chance).
     """
-    key = ("members", backend.name, arm, *map(str, shape))
-    found = _BY_BACKEND.get(key)
-    if found is not None:
-        return found
-    columns = ("occurrence_id", "status", "available_at", "scheduled_for")
-    job_rows = backend.rows_of_jobs(_m, eligible_job_ids(shape), columns, _count("budget"))
-    members = job_rows.subquery("members")
-    found = _BY_BACKEND[key] = Prepared(
-        select(members.c.occurrence_id)
-        .where(
-            members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
-            members.c.available_at <= bindparam("now"),
-            _after(members),
+
+    def build() -> Prepared:
+        columns = ("occurrence_id", "status", "available_at", "scheduled_for")
+        job_rows = backend.rows_of_jobs(_m, eligible_job_ids(shape), columns, _count("budget"))
+        members = job_rows.subquery("members")
+        return Prepared(
+            select(members.c.occurrence_id)
+            .where(
+                members.c.status == literal_column(f"'{DUE_ARMS[arm]}'"),
+                members.c.available_at <= bindparam("now"),
+                _after(members),
+            )
+            .order_by(members.c.available_at, members.c.scheduled_for, members.c.occurrence_id)
+            .limit(_count("wanted"))
         )
-        .order_by(members.c.available_at, members.c.scheduled_for, members.c.occurrence_id)
-        .limit(_count("wanted"))
-    )
-    return found
+
+    return per_backend(("members", backend.name, arm, *map(str, shape)), build)
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from scheduler.store.capabilities.occurrence_rows import (
 from scheduler.store.plumbing.constructs import insert_ignoring_conflict
 from scheduler.store.plumbing.row_inserts import COPY_AT_LEAST, chunked, rows_insert, rows_parameters
 from scheduler.store.plumbing.rows import data_corrupt, map_job
-from scheduler.store.plumbing.statement_plans import Prepared
+from scheduler.store.plumbing.statement_plans import Prepared, per_backend
 from scheduler.store.plumbing.tx import Tx
 from scheduler.store.records import Occurrence
 
@@ -45,7 +45,6 @@ ENQUEUE_FIELDS: Final = frozenset({"job_id", "scheduled_for", "trigger_key", "av
 _o = t.occurrences
 _INSERT: Final = Prepared(insert_ignoring_conflict(_o, "idempotency_key"))
 _BY_KEY: Final = Prepared(select(_o).where(_o.c.idempotency_key == bindparam("key")))
-_BY_KEYS_OF: dict[str, Prepared] = {}
 _JOB: Final = Prepared(select(t.jobs).where(t.jobs.c.job_id == bindparam("id")))
 _BY_ID: Final = Prepared(select(_o).where(_o.c.occurrence_id == bindparam("id")))
 _BY_TRIGGER: Final = Prepared(
@@ -252,13 +251,6 @@ def _insert_new(tx: Tx, rows: list[dict[str, Any]]) -> set[str]:
     return inserted
 
 
-def _copy(tx: Tx, rows: list[dict[str, Any]]) -> bool:
-    """Stream new occurrences in one ``COPY``: no row can be skipped, as every identity was read
-    under its ``enqueue`` lock, which every insert of an occurrence holds."""
-    columns = t.OCCURRENCE_COLUMNS
-    return tx.copy_rows(_o, columns, [tuple(row[name] for name in columns) for row in rows])
-
-
 def _by_keys(backend: Backend) -> Prepared:
     """The occurrences of the identities ``:keys`` (``_keys_parameter``), one index probe each.
 
@@ -266,17 +258,16 @@ def _by_keys(backend: Backend) -> Prepared:
     (``Backend.text_values``), planned for each call: a named statement's generic plan, made
     while the table was small, scanned it whole as it grew (an ``IN`` list of 100 parameters
     as well). Elsewhere an ``IN`` list."""
-    statement = _BY_KEYS_OF.get(backend.name)
-    if statement is None:
+
+    def build() -> Prepared:
         key = _o.c.idempotency_key
         if backend.names_statements:
             wanted = key == backend.text_values("keys")
         else:
             wanted = key.in_(bindparam("keys", expanding=True))
-        statement = _BY_KEYS_OF.setdefault(
-            backend.name, Prepared(select(_o).where(wanted), planned_per_call=True)
-        )
-    return statement
+        return Prepared(select(_o).where(wanted), planned_per_call=True)
+
+    return per_backend(("stored identities", backend.name), build)
 
 
 def _keys_parameter(backend: Backend, keys: list[str]) -> Any:
@@ -346,7 +337,13 @@ def enqueue_batch_in(tx: Tx, requests: Sequence[EnqueueRequest]) -> list[Occurre
         except SchedulerKernelError as error:
             with_index(error, index)
             raise
-    if later and not (copied and _copy(tx, later)) and tx.changes(_INSERT, later) != len(later):
+    # A COPY skips no row, and need not: every identity was read under its ``enqueue`` lock,
+    # which every insert of an occurrence holds.
+    if (
+        later
+        and not (copied and tx.copy_rows(_o, t.OCCURRENCE_COLUMNS, later))
+        and tx.changes(_INSERT, later) != len(later)
+    ):
         raise data_corrupt("Occurrence idempotency identity does not match stored data")
     events.flush(tx)
     return results

@@ -70,6 +70,19 @@ class Prepared:
         row lock); a plain read does not."""
 
 
+_PER_BACKEND: dict[tuple[str, ...], Prepared] = {}
+
+
+def per_backend(key: tuple[str, ...], build: Callable[[], Prepared]) -> Prepared:
+    """``build()``'s statement, built once per ``key``: for statements built from a ``Backend``'s
+    methods, whose key names the backend (``functools.cache`` cannot key on the protocol, and a
+    capability imports no backend registry)."""
+    found = _PER_BACKEND.get(key)
+    if found is None:
+        found = _PER_BACKEND.setdefault(key, build())
+    return found
+
+
 def _locks_rows(statement: Executable) -> bool:
     """Whether a statement locks rows at its top level (``FOR UPDATE``); unknown counts as yes."""
     try:

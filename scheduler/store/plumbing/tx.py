@@ -7,7 +7,7 @@ path), the call's ``now``, key locks, and the event rows the call appends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar, overload
 
@@ -329,9 +329,7 @@ class Tx:
         if (
             len(rows) >= EVENTS_COPIED_AT
             and self.copies_rows
-            and self.copy_rows(
-                t.events, EVENT_COLUMNS, [tuple(row[name] for name in EVENT_COLUMNS) for row in rows]
-            )
+            and self.copy_rows(t.events, EVENT_COLUMNS, rows)
         ):
             return
         chunks, left = chunked(rows, EVENT_CHUNKS) if self.backend.multi_row_inserts else ([], rows)
@@ -478,15 +476,16 @@ class Tx:
         """Whether :meth:`copy_rows` streams rows in one statement in this transaction."""
         return self._fast is not None and self._fast.copies_rows
 
-    def copy_rows(self, table: Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:
-        """Stream ``rows`` (values of ``columns``) into ``table`` in one statement where the
+    def copy_rows(self, table: Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> bool:
+        """Stream ``rows`` (their values of ``columns``) into ``table`` in one statement where the
         backend has one (``Backend.copy_statement``) and the fast path runs; whether it did
         (``False``: nothing was written). For rows no conflict can skip: any error fails the call."""
         if self._fast is None or not rows:
             return False
         self._before(None)
         self.claim_savepoint_kept = False
-        return self._fast.copy_rows(self._conn, table, columns, rows)
+        values = [tuple(row[name] for name in columns) for row in rows]
+        return self._fast.copy_rows(self._conn, table, columns, values)
 
     def new_uuid(self) -> str:
         value = self._uuid_factory()
